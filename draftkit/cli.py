@@ -1,0 +1,129 @@
+"""`draftkit` command line: a thin layer over the Python API, one verb per lifecycle stage.
+
+Every verb after `init` takes a run dir and optional `key=value` config overrides, e.g.
+`draftkit train runs/demo train.max_steps=50`. Defaults live in config.py, never here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from .errors import DraftkitError
+
+# verb -> (module, function, help). Each function takes (run_dir, overrides=[...], **flags).
+STAGES = {
+    "prepare": ("draftkit.prepare", "prepare", "template, regenerate with the target, mask, count"),
+    "harvest": ("draftkit.harvest", "harvest", "capture the target's hidden states to shards"),
+    "train": ("draftkit.train", "train", "train the EAGLE-3 head (offline or online)"),
+    "export": ("draftkit.export", "export", "write the vLLM/speculators draft dir (+ vLLM check)"),
+    "eval": ("draftkit.evaluate", "evaluate", "measure AL and speedup (reference and/or vLLM)"),
+}
+
+
+def _csv(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x != ""]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="draftkit", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    q = sub.add_parser("init", help="scaffold runs/<name>/draftkit.yaml")
+    q.add_argument("--target", required=True, help="registry name, hub id or local HF dir")
+    q.add_argument("--data", required=True, help="data recipe name (data_recipes/*.yaml)")
+    q.add_argument("--draft", default="eagle3", choices=["eagle3", "draft-lm"])
+    q.add_argument("--k", type=int, default=None, help="speculative tokens per step")
+    q.add_argument("--name", default=None)
+    q.add_argument("--dir", default="runs", help="parent directory of run dirs")
+    q.add_argument("--force", action="store_true", help="overwrite an existing run config")
+    q.add_argument("overrides", nargs="*", help="key=value config overrides")
+
+    q = sub.add_parser("config", help="inspect a run config")
+    q.add_argument("action", choices=["show"])
+    q.add_argument("run")
+    q.add_argument("overrides", nargs="*")
+
+    q = sub.add_parser("targets", help="list the registered targets")
+
+    for verb, (_m, _f, help_) in STAGES.items():
+        q = sub.add_parser(verb, help=help_)
+        q.add_argument("run", help="run dir (or its draftkit.yaml)")
+        q.add_argument("overrides", nargs="*", help="key=value config overrides")
+        if verb == "export":
+            q.add_argument("--out", default=None, help="export dir (default <run>/export)")
+            q.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
+                           help="load the export in vLLM and compare AL (default: config)")
+        if verb == "eval":
+            q.add_argument("--engine", choices=["reference", "vllm", "both"], default=None)
+            q.add_argument("--k", type=_csv(int), default=None, help="e.g. 1,2,3,4,5")
+            q.add_argument("--temperature", type=_csv(float), default=None, help="e.g. 0,1")
+            q.add_argument("--batch", type=_csv(int), default=None, help="e.g. 1,8")
+
+    q = sub.add_parser("project", help="project the RL step speedup from a rollout speedup")
+    q.add_argument("--rollout-speedup", type=float, required=True)
+    q.add_argument("--generation-s", type=float, required=True, help="generation time per step")
+    q.add_argument("--step-s", type=float, required=True, help="whole RL step time")
+    q.add_argument("--mode", choices=["sync", "async"], default="sync")
+    return p
+
+
+def _flags_to_overrides(args: argparse.Namespace) -> list[str]:
+    """CLI flags that are shorthands for config keys (the config keeps the default)."""
+    out = []
+    pairs = {"out": "export.out", "check": "export.check", "engine": "eval.engine",
+             "k": "eval.k_values", "temperature": "eval.temperatures", "batch": "eval.batch_sizes"}
+    for attr, key in pairs.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            out.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+    return out
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.verb == "init":
+        from . import config
+        from .init import init_run, next_steps
+
+        run_dir = init_run(args.target, args.data, args.draft, args.k, args.name, args.dir,
+                           args.force, args.overrides)
+        print(next_steps(run_dir, config.load(run_dir)))
+    elif args.verb == "config":
+        from . import config
+
+        print(config.dump(config.load(args.run, args.overrides)), end="")
+    elif args.verb == "targets":
+        from . import registry
+
+        for info in map(registry.lookup, registry.names()):
+            print(f"{info.name:24s} {info.hub_id or '(in-process)':40s} layers={info.num_hidden_layers}"
+                  f" hidden={info.hidden_size} vocab={info.vocab_size}")
+    elif args.verb == "project":
+        from .project import project_step, render
+
+        print(render(project_step(args.generation_s, args.step_s, args.rollout_speedup,
+                                  args.mode)))
+    else:
+        module, func, _ = STAGES[args.verb]
+        fn = getattr(importlib.import_module(module), func)
+        fn(Path(args.run), overrides=[*args.overrides, *_flags_to_overrides(args)])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        code = run(argv)
+    except DraftkitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

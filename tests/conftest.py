@@ -1,0 +1,29 @@
+"""Shared fixtures. Markers: `slow` (embedded SmolLM2 target / real training), `vllm` (starts a
+vLLM engine), `dist` (accelerate multi-process). Every marker runs in CI (`make test`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    """The in-process random tiny-llama target (built once into the draftkit cache)."""
+    from draftkit.target import load_target
+
+    return load_target("tiny-llama", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def smollm2_target():
+    """The embedded SmolLM2-135M-Instruct target in fp32 (converted once from the GGUF)."""
+    from draftkit.target import load_target
+
+    return load_target("smollm2-135m", device="cpu", dtype="float32")
