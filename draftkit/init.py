@@ -88,7 +88,7 @@ def _derive(cfg: RunConfig, info: TargetInfo, explicit: dict) -> None:
     if "lr" not in explicit.get("train", {}):
         # EAGLE-3 heads: ~1e-4 at 8B (SpecForge/speculators), higher for small targets.
         scale = min(5.0, max(0.5, (8.0 / max(info.params_b, 1e-3)) ** 0.25))
-        tr.lr = float(f"{1e-4 * scale:.2g}")
+        tr.lr = float(f"{1e-4 * scale:.1g}")
     if "max_seq_len" not in explicit.get("data", {}):
         cfg.data.max_seq_len = 2048 if info.params_b >= 1 else 1024
     if info.params_b >= 1 and "batch_tokens" not in explicit.get("train", {}):

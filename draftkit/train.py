@@ -1,0 +1,175 @@
+"""`draftkit train RUN`: train the EAGLE-3 head, offline from harvest shards or online with the
+target in the loop, through the generic loop in loop.py.
+
+    draftkit train runs/demo                                  # offline, from harvest/
+    draftkit train runs/demo train.mode=online                # target in the loop, no disk
+    draftkit train runs/tiny train.max_steps=20 train.batch_tokens=512   # tiny CPU smoke run
+    accelerate launch --multi_gpu --num_processes 2 -m draftkit.cli train runs/demo  # 2-proc DDP (gloo on CPU)
+
+The draft vocabulary comes from prepare's token counts (top-`draft_vocab_size` assistant
+tokens). Batches pack length-sorted sequences into padded [B, T] tensors of at most
+`train.batch_tokens` tokens; the batch order is a pure function of (seed, epoch), which is what
+makes resume exact. Best checkpoint = highest simulated AL on the held-out split.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from . import artifacts, config, loop
+from .errors import DraftkitError
+
+Seq = dict[str, torch.Tensor]  # one sequence: aux [T,A*H], last [T,H], input_ids [T], loss_mask [T]
+
+
+def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Indices grouped into padded batches of <= batch_tokens tokens (B * T_max), shuffled.
+
+    Sequences are sorted by length (so padding stays small), cut greedily into batches, and the
+    batch order is shuffled with Random(seed * 1000 + epoch): same epoch, same plan.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    plan, cur, cur_max = [], [], 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and new_max * (len(cur) + 1) > batch_tokens:
+            plan.append(cur)
+            cur, new_max = [], lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        plan.append(cur)
+    random.Random(seed * 1000 + epoch).shuffle(plan)
+    return plan
+
+
+def collate(seqs: list[Seq], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Right-pad sequences into a batch; float tensors cast to the compute dtype."""
+    b, t = len(seqs), max(int(s["input_ids"].shape[0]) for s in seqs)
+    out: dict[str, torch.Tensor] = {"attention_mask": torch.zeros(b, t, dtype=torch.long)}
+    for key in seqs[0]:
+        ref = seqs[0][key]
+        shape = (b, t, *ref.shape[1:])  # [B, T] or [B, T, D]
+        out[key] = torch.zeros(shape, dtype=dtype if ref.is_floating_point() else torch.long)
+    for i, s in enumerate(seqs):
+        n = int(s["input_ids"].shape[0])
+        out["attention_mask"][i, :n] = 1
+        for key, value in s.items():
+            out[key][i, :n] = value.to(out[key].dtype)
+    return out
+
+
+class LazyBatches(Sequence):
+    """A batch plan whose items are built when indexed (online mode runs the target here)."""
+
+    def __init__(self, plan: list[list[int]], build: Callable[[list[int]], dict]):
+        self.plan, self.build = plan, build
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, i):
+        return self.build(self.plan[i])
+
+
+def _load_vocab(cfg, run_dir: Path, tokenizer):
+    from .prepare import load_token_counts
+    from .vocab import DraftVocab
+
+    counts = load_token_counts(run_dir)
+    if counts.numel() != cfg.target.vocab_size:
+        raise DraftkitError(f"token counts cover {counts.numel()} ids but the target vocab is "
+                            f"{cfg.target.vocab_size}: rerun `draftkit prepare {run_dir}`")
+    must = [i for i in {tokenizer.eos_token_id, tokenizer.pad_token_id} if i is not None]
+    return DraftVocab.build(counts, cfg.draft.draft_vocab_size, must_include=must)
+
+
+def _offline_sequences(cfg, run_dir: Path, split: str) -> list[Seq]:
+    from .harvest import open_harvest
+
+    hdir = artifacts.RunPaths(run_dir).harvest
+    if split == "eval":
+        hdir = hdir / "eval"
+    if not (hdir / "manifest.json").is_file():
+        raise DraftkitError(f"no harvest at {hdir}: run `draftkit harvest {run_dir}` first, or "
+                            "train online with train.mode=online")
+    hs = open_harvest(hdir, target_name=cfg.target.name, aux_layer_ids=cfg.draft.aux_layer_ids)
+    return list(hs.sequences())
+
+
+def _online_sequences(run_dir: Path, split: str) -> list[Seq]:
+    from .prepare import load_split
+
+    ds = load_split(run_dir, split)
+    return [{"input_ids": torch.tensor(r["input_ids"]), "loss_mask": torch.tensor(r["loss_mask"])}
+            for r in ds]
+
+
+def _batch_builder(seqs: list[Seq], capture, dtype: torch.dtype) -> Callable[[list[int]], dict]:
+    def build(idx: list[int]) -> dict:
+        batch = collate([seqs[i] for i in idx], dtype)
+        if capture is not None:  # online: the target computes aux/last for this batch now
+            feats = capture(batch["input_ids"], batch["attention_mask"])
+            batch["aux"], batch["last"] = feats["aux"].to(dtype), feats["last"].to(dtype)
+        return batch
+    return build
+
+
+def make_evaluator(seqs: list[Seq], build, batch_tokens: int):
+    from .losses import aggregate
+
+    plan = plan_batches([int(s["input_ids"].shape[0]) for s in seqs], batch_tokens, 0, 0)
+
+    def evaluate(model) -> dict:
+        return aggregate([model(build(idx))[1] for idx in plan])
+    return evaluate
+
+
+def train(run_dir: Path, overrides: list[str] | None = None,
+          stop_after: int | None = None) -> Path:
+    """Train the run's draft; returns the train dir (best checkpoint in train/best)."""
+    from .models.eagle3 import Eagle3Draft
+    from .target import load_target, resolve_dtype
+
+    run_dir = config.run_dir_of(run_dir)
+    cfg = config.load(run_dir, overrides)
+    if cfg.draft.kind != "eagle3":
+        raise DraftkitError(f"draft kind {cfg.draft.kind!r} has no trainer yet; use eagle3")
+    if cfg.train.mode not in ("offline", "online"):
+        raise DraftkitError(f"train.mode must be offline or online, got {cfg.train.mode!r}")
+    device = "cpu" if cfg.train.device == "auto" and not torch.cuda.is_available() else (
+        "cuda" if cfg.train.device == "auto" else cfg.train.device)
+    dtype = resolve_dtype(cfg.train.dtype, device)
+    target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
+                         revision=cfg.target.revision)
+    vocab = _load_vocab(cfg, run_dir, target.tokenizer)
+    torch.manual_seed(cfg.train.seed)
+    model = Eagle3Draft.from_run_config(cfg, vocab, target.model).to(device=device, dtype=dtype)
+
+    capture = None
+    if cfg.train.mode == "online":
+        from .harvest import OnlineCapture
+
+        capture = OnlineCapture(target.model, cfg.draft.aux_layer_ids)
+        train_seqs, eval_seqs = _online_sequences(run_dir, "train"), _online_sequences(run_dir, "eval")
+    else:
+        del target  # offline: the target's features are on disk
+        train_seqs = _offline_sequences(cfg, run_dir, "train")
+        eval_seqs = _offline_sequences(cfg, run_dir, "eval")
+    build = _batch_builder(train_seqs, capture, dtype)
+    lengths = [int(s["input_ids"].shape[0]) for s in train_seqs]
+    out = artifacts.RunPaths(run_dir).train
+
+    def batches(epoch: int) -> LazyBatches:
+        return LazyBatches(plan_batches(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch),
+                           build)
+
+    evaluate = make_evaluator(eval_seqs, _batch_builder(eval_seqs, capture, dtype),
+                              cfg.train.batch_tokens)
+    loop.fit(model, batches, evaluate, cfg.train, out, cfg.tracking, run_name=cfg.name,
+             config_dict=cfg.to_dict(), stop_after=stop_after)
+    return out
