@@ -85,6 +85,9 @@ class DataConfig:
     regen_top_p: float = 1.0
     regen_max_new_tokens: int = 512
     regen_batch_size: int = 64  # prompts per engine call (also the resume granularity)
+    regen_dtype: str = "bfloat16"  # vLLM dtype for regeneration and self-instruct
+    self_instruct: int = 0  # target-written prompts (Magpie-style) added to TRAIN before regen
+    self_instruct_temperature: float = 1.0  # sampling temperature for target-written prompts
 
 
 @dataclass
@@ -92,6 +95,11 @@ class HarvestConfig:
     shard_tokens: int = 16384  # tokens per safetensors shard
     batch_tokens: int = 8192  # tokens per target forward (packed by length)
     dtype: str = "bfloat16"  # storage dtype of hidden states
+    # false: a forward batches only equal-length sequences, so stored states are bit-identical
+    # to each sequence's unpadded forward; true: pad length-sorted batches (faster on GPU,
+    # last-bit fp32 differences from the padded attention reductions).
+    padding: bool = False
+    eval_sequences: int = 256  # first N prepared eval sequences harvested into harvest/eval (0 = all)
 
 
 @dataclass
@@ -125,6 +133,8 @@ class EvalConfig:
     max_new_tokens: int = 256
     dtype: str = "bfloat16"  # vLLM dtype for measurements
     seed: int = 0
+    reference_prompts: int = 4  # prompts the torch reference decoder runs (no KV cache: slow)
+    results_dir: str = "results"  # where eval-<run>-<time>.{json,md,png} go (relative to cwd)
 
 
 @dataclass
