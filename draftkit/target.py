@@ -140,8 +140,13 @@ def _convert_gguf(info: TargetInfo) -> Path:
 
 
 def _build_tiny(info: TargetInfo) -> Path:
-    """Seeded random Llama + a BPE tokenizer trained on generated math text (no download)."""
-    final = artifacts.home() / "targets" / info.name
+    """Seeded random Llama + a BPE tokenizer trained on generated math text (no download).
+
+    The cache dir is keyed by the shapes, so a registry change never reuses a stale build."""
+    import hashlib
+
+    key = hashlib.sha256(repr(registry.as_dict(info)).encode()).hexdigest()[:10]
+    final = artifacts.home() / "targets" / f"{info.name}-{key}"
     if (final / "meta.json").is_file():
         return final
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -231,6 +236,11 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
     bad = [i for i in layer_ids if not 0 <= i <= num_layers]
+    if layer_ids != sorted(set(layer_ids)):
+        raise DraftkitError(
+            f"aux layer ids {layer_ids} must be distinct and ascending: vLLM sorts and "
+            "deduplicates them, so any other order trains a different fc input than vLLM "
+            f"serves. Use e.g. {sorted(set(layer_ids))}.")
     if bad:
         raise DraftkitError(
             f"aux layer ids {bad} are out of range for a target with {num_layers} layers: ids "

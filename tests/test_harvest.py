@@ -149,7 +149,8 @@ def check_bf16(run: Path, overrides: list[str]) -> None:
 
 def test_tiny_exact_and_logits(tmp_path, tiny_target, monkeypatch):
     tok, model = tiny_target.tokenizer, tiny_target.model
-    ids = [0, 2, 3, 3, 6]  # embeddings, 2, N//2, N-3 (=N//2 for N=6), N
+    n = model.config.num_hidden_layers
+    ids = [0, 2, n // 2, n - 3, n]  # embeddings, 2, N//2, N-3, N
     run = make_run(tmp_path, tok, overrides=[f"draft.aux_layer_ids={ids}",
                                              "harvest.dtype=float32"])
     batches, orig = [], hv.OnlineCapture.__call__
@@ -201,7 +202,7 @@ def test_online_capture_matches_shards(tmp_path, tiny_target):
     run = make_run(tmp_path, tiny_target.tokenizer, overrides=["harvest.dtype=float32"])
     hv.harvest(run)
     hs = hv.open_harvest(RunPaths(run).harvest)
-    cap = hv.OnlineCapture(tiny_target.model, [2, 3, 3])
+    cap = hv.OnlineCapture(tiny_target.model, [2, 4, 5])
     lens = hs.lengths()
     a, b = next((i, j) for i in range(len(lens)) for j in range(i + 1, len(lens))
                 if lens[i] == lens[j])
@@ -221,7 +222,7 @@ def test_eval_subset_and_reader(tmp_path, tiny_target):
                    overrides=["harvest.eval_sequences=7"])
     hv.harvest(run)
     hdir = RunPaths(run).harvest
-    ev = hv.open_harvest(hdir / "eval", target_name="tiny-llama", aux_layer_ids=[2, 3, 3])
+    ev = hv.open_harvest(hdir / "eval", target_name="tiny-llama", aux_layer_ids=[2, 4, 5])
     assert len(ev) == 7 and ev.manifest["split"] == "eval"
     eval_rows = rows(run, "eval")
     assert [s["input_ids"].tolist() for s in ev.sequences()] == list(eval_rows["input_ids"])[:7]
@@ -239,7 +240,7 @@ def test_wrong_target_layers_data_and_corruption(tmp_path, tiny_target):
     hdir = hv.harvest(run)
     with pytest.raises(DraftkitError, match="target 'tiny-llama', not 'smollm2-135m'"):
         hv.open_harvest(hdir, target_name="smollm2-135m")
-    with pytest.raises(DraftkitError, match=r"aux layer ids \[2, 3, 3\].*\[1, 3, 5\]"):
+    with pytest.raises(DraftkitError, match=r"aux layer ids \[2, 4, 5\].*\[1, 3, 5\]"):
         hv.open_harvest(hdir, aux_layer_ids=[1, 3, 5])
     with pytest.raises(DraftkitError, match="other prepared data"):
         hv.open_harvest(hdir, data_fingerprint="0" * 64)

@@ -163,3 +163,10 @@ def test_interrupted_conversion_leaves_nothing_trusted(monkeypatch, tmp_path):
 def test_draftkit_error_is_the_cli_contract():
     assert issubclass(config.ConfigError, DraftkitError)
     assert issubclass(registry.UnknownTargetError, DraftkitError)
+
+
+def test_unsorted_or_repeated_aux_ids_are_refused():
+    with pytest.raises(DraftkitError, match="must be distinct and ascending"):
+        resolve("Qwen3-8B", "math", overrides=["draft.aux_layer_ids=[18,2,33]"])
+    with pytest.raises(DraftkitError, match="must be distinct and ascending"):
+        resolve("Qwen3-8B", "math", overrides=["draft.aux_layer_ids=[2,18,18]"])

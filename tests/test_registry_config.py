@@ -19,7 +19,7 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
     ("qwen3-0.6b", 28, 1024, 151936, [2, 14, 25]),
     ("meta-llama/Llama-3.1-8B-Instruct", 32, 4096, 128256, [2, 16, 29]),
     ("smollm2-135m", 30, 576, 49152, [2, 15, 27]),
-    ("tiny-llama", 6, 128, 512, [2, 3, 3]),
+    ("tiny-llama", 8, 128, 512, [2, 4, 5]),
 ])
 def test_registry_shapes_and_default_aux_ids(name, layers, hidden, vocab, aux):
     info = registry.resolve(name)

@@ -1,0 +1,147 @@
+"""Export: speculators-format dir, integrity refusals, and what vLLM's config reader makes of it
+(vLLM's config classes only; the engine test is test_export_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from _eagle3_helpers import make_spec
+from safetensors.torch import load_file, save_file
+
+from draftkit import artifacts, cli
+from draftkit.errors import DraftkitError
+from draftkit.export import export, simulated_al
+from draftkit.init import init_run
+from draftkit.models import speculators_format as fmt
+from draftkit.models.eagle3 import Eagle3Draft
+from draftkit.vocab import DraftVocab
+
+OVERRIDES = ["draft.draft_vocab_size=256", "draft.aux_layer_ids=[1,3,5]",
+             "draft.norm_before_residual=true", "draft.norm_output=true"]
+
+
+def make_run(root, name="exp", overrides=OVERRIDES, vocab_size=256):
+    from draftkit import config
+
+    run = init_run("tiny-llama", "math", name=name, runs_dir=root, overrides=overrides)
+    cfg = config.load(run)
+    vocab = DraftVocab.build(torch.arange(512) % 89, vocab_size, must_include=[2])
+    model = Eagle3Draft.from_run_config(cfg, vocab)
+    best = artifacts.RunPaths(run).train / "best"
+    model.save_pretrained(best)
+    artifacts.write_json_atomic(best / "meta.json", {"eval": {"sim_al": 1.5, "cond_acc_0": 0.5,
+                                                             "cond_acc_1": 0.0,
+                                                             "cond_acc_2": 0.0}, "step": 7})
+    return run, model
+
+
+def test_export_writes_the_speculators_dir(tmp_path):
+    run, model = make_run(tmp_path)
+    out = export(run, ["export.check=false"])
+    assert out == (run / "export").resolve()
+    cfg = json.loads((out / "config.json").read_text())
+    assert "model_type" not in cfg and cfg["architectures"] == ["Eagle3Speculator"]
+    for flag in fmt.NORM_FLAGS:
+        assert isinstance(cfg[flag], bool)
+    assert cfg["norm_before_residual"] is True and cfg["norm_output"] is True
+    assert cfg["norm_before_fc"] is False and cfg["fc_norm"] is False
+    sc = cfg["speculators_config"]
+    assert sc["algorithm"] == "eagle3" and sc["default_proposal_method"] == "greedy"
+    assert sc["proposal_methods"][0]["speculative_tokens"] == 3
+    assert sc["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    layer = cfg["transformer_layer_config"]
+    assert (layer["model_type"], layer["num_hidden_layers"], layer["vocab_size"]) == ("llama", 1, 512)
+    assert json.loads((out / "speculative_config.json").read_text()) == {
+        "method": "eagle3", "model": str(out), "num_speculative_tokens": 3}
+    tensors = load_file(str(out / "model.safetensors"))
+    assert "embed_tokens.weight" not in tensors and tensors["d2t"].dtype == torch.int64
+    for name, value in model.export_state_dict().items():
+        assert torch.equal(tensors[name], value), name
+    readme = (out / "README.md").read_text()
+    assert "vllm serve" in readme and "speculative_config=" in readme
+    assert "policy:" in readme and "engine_kwargs.vllm.speculative_config" in readme
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["stage"] == "export" and meta["train_step"] == 7 and meta["sim_al"] == 1.5
+
+
+def test_export_out_and_k_overrides_through_the_cli(tmp_path):
+    run, _ = make_run(tmp_path)
+    out = tmp_path / "elsewhere"
+    cli.run(["export", str(run), "draft.num_speculative_tokens=2", "--no-check", "--out", str(out)])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2
+    assert json.loads((out / "speculative_config.json").read_text())["num_speculative_tokens"] == 2
+
+
+def test_export_without_checkpoint_names_the_train_command(tmp_path):
+    run = init_run("tiny-llama", "math", name="empty", runs_dir=tmp_path,
+                   overrides=["draft.aux_layer_ids=[1,3,5]"])
+    with pytest.raises(DraftkitError, match=f"draftkit train {run}"):
+        export(run, ["export.check=false"])
+
+
+def test_export_refuses_a_reduced_vocab_without_d2t(tmp_path):
+    run, _ = make_run(tmp_path)
+    weights = artifacts.RunPaths(run).train / "best" / "model.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["d2t"]
+    save_file(tensors, str(weights))
+    with pytest.raises(DraftkitError, match="reduced-vocab draft .*without `d2t`"):
+        export(run, ["export.check=false"])
+    assert not (run / "export").exists()
+
+
+def test_export_refuses_a_checkpoint_of_other_layers(tmp_path):
+    run, _ = make_run(tmp_path)
+    with pytest.raises(DraftkitError, match=r"aux layer ids \[1, 3, 5\] != run's \[1, 2, 5\]"):
+        export(run, ["export.check=false", "draft.aux_layer_ids=[1,2,5]"])
+
+
+def test_check_state_dict_catches_stray_and_misshaped_tensors():
+    spec = make_spec()
+    from _eagle3_helpers import make_model
+
+    good = make_model(spec).export_state_dict()
+    fmt.check_state_dict(spec, good)
+    with pytest.raises(DraftkitError, match="unexpected=\\['verifier_lm_head'\\]"):
+        fmt.check_state_dict(spec, {**good, "verifier_lm_head": torch.zeros(1)})
+    with pytest.raises(DraftkitError, match="wrong_shape=\\['fc.weight"):
+        fmt.check_state_dict(spec, {**good, "fc.weight": torch.zeros(3, 3)})
+    with pytest.raises(DraftkitError, match="d2t and t2d disagree"):
+        fmt.check_state_dict(spec, {**good, "d2t": good["d2t"].flip(0)})
+
+
+def test_simulated_al_at_k():
+    metrics = {"cond_acc_0": 0.8, "cond_acc_1": 0.5, "cond_acc_2": 0.5, "sim_al": 2.4}
+    assert simulated_al(metrics, 3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+    assert simulated_al(metrics, 1) == pytest.approx(1.8)
+    assert simulated_al({"sim_al": 2.0}, 3) == 2.0
+
+
+@pytest.mark.parametrize("family, scaling", [
+    ("llama", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    ("qwen3", None),
+])
+def test_vllm_reads_our_config(tmp_path, family, scaling):
+    """vLLM's own speculators config path: architecture, flags, vocab, aux ids and RoPE."""
+    from vllm.transformers_utils.config import patch_rope_parameters
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    spec = make_spec(family, (False, True, False, True), rope_scaling=scaling)
+    (tmp_path / "config.json").write_text(json.dumps(fmt.to_config(spec)))
+    assert SpeculatorsConfig.extract_vllm_speculative_config(fmt.to_config(spec)) == {
+        "method": "eagle3", "num_speculative_tokens": 3}
+    hf = SpeculatorsConfig.from_pretrained(str(tmp_path))
+    patch_rope_parameters(hf)
+    arch = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}[family]
+    assert hf.architectures == [arch]
+    assert (hf.norm_before_residual, hf.norm_before_fc, hf.fc_norm, hf.norm_output) == \
+        (False, True, False, True)
+    assert (hf.draft_vocab_size, hf.vocab_size, hf.target_hidden_size) == (40, 64, 32)
+    assert hf.eagle_aux_hidden_state_layer_ids == [1, 2, 4]
+    assert (hf.head_dim, hf.num_key_value_heads, hf.num_hidden_layers) == (8, 2, 1)
+    expected = {**(scaling or {"rope_type": "default"}), "rope_theta": 10000.0}
+    assert {k: hf.rope_parameters[k] for k in expected} == expected
