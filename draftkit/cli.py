@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--generation-s", type=float, required=True, help="generation time per step")
     q.add_argument("--step-s", type=float, required=True, help="whole RL step time")
     q.add_argument("--mode", choices=["sync", "async"], default="sync")
+    q.add_argument("--other-delta-s", type=float, default=0.0,
+                   help="change of the non-generation step time with speculation (see project.py)")
     return p
 
 
@@ -105,7 +107,7 @@ def run(argv: list[str] | None = None) -> int:
         from .project import project_step, render
 
         print(render(project_step(args.generation_s, args.step_s, args.rollout_speedup,
-                                  args.mode)))
+                                  args.mode, args.other_delta_s)))
     else:
         module, func, _ = STAGES[args.verb]
         fn = getattr(importlib.import_module(module), func)

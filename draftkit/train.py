@@ -78,14 +78,14 @@ class LazyBatches(Sequence):
 
 def _load_vocab(cfg, run_dir: Path, tokenizer):
     from .prepare import load_token_counts
-    from .vocab import DraftVocab
+    from .vocab import DraftVocab, end_of_turn_ids
 
     counts = load_token_counts(run_dir)
     if counts.numel() != cfg.target.vocab_size:
         raise DraftkitError(f"token counts cover {counts.numel()} ids but the target vocab is "
                             f"{cfg.target.vocab_size}: rerun `draftkit prepare {run_dir}`")
-    must = [i for i in {tokenizer.eos_token_id, tokenizer.pad_token_id} if i is not None]
-    return DraftVocab.build(counts, cfg.draft.draft_vocab_size, must_include=must)
+    return DraftVocab.build(counts, cfg.draft.draft_vocab_size,
+                            must_include=end_of_turn_ids(tokenizer))
 
 
 def _offline_sequences(cfg, run_dir: Path, split: str) -> list[Seq]:
