@@ -1,31 +1,24 @@
 """draftkit: the whole life of a speculative-decoding draft model for an RL policy.
 
-The Python API mirrors the CLI verbs; each stage lives in its own module and is imported
-lazily so `import draftkit` stays cheap (no torch/vLLM import until a stage runs).
+The Python API mirrors the CLI verbs: `draftkit.init(...)`, `draftkit.prepare(run)`,
+`draftkit.harvest(run)`, `draftkit.train(run)`, `draftkit.export(run)`,
+`draftkit.evaluate(run)`. Stage modules share those names, so the package binds the
+functions after importing the modules; reach a module's other names with
+`from draftkit.harvest import open_harvest` (not `draftkit.harvest.open_harvest`).
 """
 
 from __future__ import annotations
 
-import importlib
-
 __version__ = "0.1.0"
 
-_API = {
-    "init": ("draftkit.init", "init_run"),
-    "prepare": ("draftkit.prepare", "prepare"),
-    "harvest": ("draftkit.harvest", "harvest"),
-    "train": ("draftkit.train", "train"),
-    "export": ("draftkit.export", "export"),
-    "evaluate": ("draftkit.evaluate", "evaluate"),
-    "load_target": ("draftkit.target", "load_target"),
-    "load_config": ("draftkit.config", "load"),
-}
+from .config import load as load_config  # noqa: E402
+from .evaluate import evaluate  # noqa: E402
+from .export import export  # noqa: E402
+from .harvest import harvest  # noqa: E402
+from .init import init_run as init  # noqa: E402
+from .prepare import prepare  # noqa: E402
+from .target import load_target  # noqa: E402
+from .train import train  # noqa: E402
 
-__all__ = list(_API)
-
-
-def __getattr__(name: str):
-    if name in _API:
-        module, attr = _API[name]
-        return getattr(importlib.import_module(module), attr)
-    raise AttributeError(f"module 'draftkit' has no attribute {name!r}")
+__all__ = ["evaluate", "export", "harvest", "init", "load_config", "load_target", "prepare",
+           "train"]

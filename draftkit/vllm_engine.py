@@ -141,7 +141,7 @@ class SpecCounters:
             elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
                 vals = [int(v) for v in m.values]
                 pad = max(len(vals), len(c.accepted_per_pos))
-                c.accepted_per_pos = [a + b for a, b in zip(
+                c.accepted_per_pos = [a + b for a, b in zip(  # noqa: B905 - padded equal
                     c.accepted_per_pos + [0] * (pad - len(c.accepted_per_pos)),
                     vals + [0] * (pad - len(vals)))]
         return c

@@ -17,6 +17,7 @@ OpenMP threads under contention run 2-10x slower and far noisier than one, so to
 from __future__ import annotations
 
 import argparse
+import importlib
 import shutil
 import tempfile
 import time
@@ -25,9 +26,10 @@ from pathlib import Path
 import torch
 
 from draftkit import artifacts, config, mathgen, vllm_engine
-from draftkit import harvest as hv
 from draftkit.init import init_run
 from draftkit.target import load_target, target_dir
+
+hv = importlib.import_module("draftkit.harvest")
 
 TARGET = "smollm2-135m"
 RESULTS = Path(__file__).resolve().parent.parent / "results"

@@ -4,6 +4,7 @@ format, resume after a crash or a kill, clean redo on changed data, and the load
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -16,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftkit import harvest as hv
 from draftkit import shards
 from draftkit.artifacts import RunPaths
 from draftkit.errors import DraftkitError
 from draftkit.init import init_run
 from draftkit.target import logits_from_last
+
+hv = importlib.import_module("draftkit.harvest")
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = ("the a has buys sells gives each more than total how many apples books dollars "
@@ -360,14 +362,15 @@ def test_missing_prepared_data(tmp_path):
 
 _SLOW_HARVEST = """
 import sys, time
-from draftkit import harvest, shards
+import draftkit
+from draftkit import shards
 orig = shards.write_shard
 def slow(*a, **k):
     out = orig(*a, **k)
     time.sleep(0.4)
     return out
 shards.write_shard = slow
-harvest.harvest(sys.argv[1])
+draftkit.harvest(sys.argv[1])
 """
 
 

@@ -24,7 +24,8 @@ def test_resume_after_crash_reproduces_the_loss_curve_and_weights(tmp_path):
     assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "step-0000004"
     model_b, res_b = run(tmp_path / "b", grad_accum=2, steps=11)  # resumes from step 4
     assert [h["loss"] for h in res_b.history] == [h["loss"] for h in res_a.history]
-    for (name, pa), (_, pb) in zip(model_a.state_dict().items(), model_b.state_dict().items()):
+    for (name, pa), (_, pb) in zip(model_a.state_dict().items(), model_b.state_dict().items(),
+                                   strict=True):
         assert torch.equal(pa, pb), name
 
 

@@ -4,12 +4,12 @@ EAGLE-3 head. Output must equal plain greedy decoding token for token for k = 1.
 
 from __future__ import annotations
 
+import importlib
 from itertools import pairwise
 
 import pytest
 import torch
 
-from draftkit import init
 from draftkit.models.eagle3 import Eagle3Draft
 from draftkit.spec_decode import (
     Eagle3Drafter,
@@ -19,6 +19,8 @@ from draftkit.spec_decode import (
     speculative_decode,
 )
 from draftkit.vocab import DraftVocab
+
+init = importlib.import_module("draftkit.init")
 
 AUX = [1, 3, 5]  # distinct ascending ids within tiny-llama's layers (vLLM collects each once)
 MAX_NEW = 24
