@@ -120,7 +120,7 @@ class TrainConfig:
     save_every: int = 100
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto = bfloat16 on CUDA, float32 on CPU
+    dtype: str = "auto"  # autocast dtype; auto = bfloat16 on CUDA, float32 on CPU
 
 
 @dataclass

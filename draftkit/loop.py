@@ -56,6 +56,19 @@ def cosine_lambda(total: int, warmup: int, min_ratio: float) -> Callable[[int], 
     return f
 
 
+def autocast(cfg: TrainConfig, device: torch.device):
+    """Mixed precision for forward passes: master weights stay fp32. `train.dtype` auto =
+    bf16 on CUDA, fp32 (no autocast) on CPU; bfloat16 on a CPU with AVX512-BF16 halves matmuls."""
+    name = cfg.dtype
+    if name == "auto":
+        name = "bfloat16" if device.type == "cuda" else "float32"
+    if name in ("float32", "fp32"):
+        return contextlib.nullcontext()
+    dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+             "fp16": torch.float16}[name]
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
 def _rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "python": random.getstate()}
 
@@ -153,7 +166,8 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
             losses, metrics = [], {}
             for i, batch in enumerate(mine):
                 last = i == len(mine) - 1
-                with contextlib.nullcontext() if last else acc.no_sync(model):
+                with contextlib.nullcontext() if last else acc.no_sync(model), \
+                        autocast(cfg, acc.device):
                     loss, metrics = model(batch)
                     acc.backward(loss / len(mine))  # mean over the accumulated micro-batches
                 losses.append(loss.detach())
@@ -169,7 +183,8 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
             record = {"step": state.step, "loss": loss_avg, "lr": sched.get_last_lr()[0],
                       **{f"train/{k}": v for k, v in metrics.items() if isinstance(v, float)}}
             if state.step % cfg.eval_every == 0 or state.step == total:
-                record.update(_evaluate(raw, evaluate, state, out_dir, acc, select_metric))
+                with autocast(cfg, acc.device):
+                    record.update(_evaluate(raw, evaluate, state, out_dir, acc, select_metric))
             history.append(record)
             if state.step % tracking.log_every == 0 or "eval/" + select_metric in record:
                 tracker.log(record, state.step)

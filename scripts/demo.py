@@ -19,11 +19,13 @@ from pathlib import Path
 # Sized to finish in ~20 minutes on a 2-core CPU; bench_eagle3.py runs the longer training.
 DEMO_OVERRIDES = [
     "data.source=offline",
-    "data.max_samples=800",
-    "data.eval_samples=64",
-    "data.self_instruct=200",
-    "train.epochs=6",
-    "eval.num_prompts=32",
+    "data.max_samples=320",
+    "data.eval_samples=48",
+    "data.self_instruct=100",
+    "data.regen_max_new_tokens=192",
+    "train.epochs=4",
+    "eval.num_prompts=24",
+    "eval.max_new_tokens=160",
     "eval.k_values=[3]",
     "eval.temperatures=[0.0]",
     "eval.batch_sizes=[8]",

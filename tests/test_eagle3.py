@@ -244,8 +244,8 @@ def test_full_vocab_checkpoint_has_no_d2t(tmp_path, tiny_target):
 def test_duplicate_or_unsorted_aux_ids_are_refused(tiny_vocab):
     from draftkit.init import resolve
 
-    for ids in ("[2,3,3]", "[5,1,3]"):
-        cfg = resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256",
-                                                       f"draft.aux_layer_ids={ids}"])
+    for ids in ([2, 3, 3], [5, 1, 3]):  # init refuses these too; a hand-edited config may not
+        cfg = resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256"])
+        cfg.draft.aux_layer_ids = ids
         with pytest.raises(DraftkitError, match="distinct and ascending"):
             Eagle3Draft.from_run_config(cfg, tiny_vocab)

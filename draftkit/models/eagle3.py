@@ -186,33 +186,47 @@ class Eagle3Draft(nn.Module):
     # ----------------------------------------------------------------- training
 
     @torch.no_grad()
-    def verifier_targets(self, last: torch.Tensor,
+    def verifier_targets(self, last: torch.Tensor, where: torch.Tensor | None = None,
                          chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
         """last [B, T, H] (target pre-norm) -> (verifier logits on the draft vocab [B, T, Vd],
-        verifier argmax over the full vocab [B, T] as target ids); chunked over tokens."""
+        verifier argmax over the full vocab [B, T] as target ids); chunked over tokens.
+        With `where` [B, T] bool, only those positions are computed (others: 0 logits, id -1)."""
         if self.verifier_lm_head.numel() == 0:
             raise DraftkitError("the verifier lm_head is not loaded; build the model with "
                                 "Eagle3Draft.from_run_config or from_pretrained")
         b, t, h = last.shape
+        if where is None:
+            where = torch.ones(b, t, dtype=torch.bool, device=last.device)
         logits_d, ids = [], []
-        for piece in last.reshape(b * t, h).split(chunk):
+        for piece in last[where].split(chunk):  # [n, H]
             normed = rms_norm(piece.to(self.verifier_lm_head.dtype), self.verifier_norm,
                               self.spec.rms_norm_eps)
             full = F.linear(normed, self.verifier_lm_head)  # [n, V]
             ids.append(full.argmax(-1))
             logits_d.append(full[:, self.t2d])  # [n, Vd]; t2d order == draft id order
-        return torch.cat(logits_d).view(b, t, -1), torch.cat(ids).view(b, t)
+        out_logits = last.new_zeros(b, t, self.spec.draft_vocab_size, dtype=torch.float32)
+        out_ids = torch.full((b, t), -1, dtype=torch.long, device=last.device)
+        if logits_d:
+            out_logits[where] = torch.cat(logits_d).float()  # fp32 even under autocast
+            out_ids[where] = torch.cat(ids)
+        return out_logits, out_ids
 
     def ttt_unroll(self, aux: torch.Tensor, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """Draft logits of every TTT step: ttt_steps x [B, T, Vd]; step j at index t drafts
         x_{t+2+j} from token x_{t+1+j} (teacher-forced) at position t+j."""
+        return [self.lm_head(post) for post in self.ttt_states(aux, input_ids, attention_mask)]
+
+    def ttt_states(self, aux: torch.Tensor, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """The normed lm_head inputs of every TTT step: ttt_steps x [B, T, H] (see ttt_unroll);
+        training applies lm_head only where a position counts, the costliest matmul."""
         valid = attention_mask.bool()  # [B, T]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, T]
         hidden = self.fuse(aux)  # [B, T, H]: step-0 features fuse(h_t)
         mask = ttt_mask(valid, self.ttt_steps)  # [B, 1, T, steps*T]
         layer, t = self.layers[0], input_ids.shape[1]
-        keys, values, step_logits = [], [], []
+        keys, values, states = [], [], []
         for j in range(self.ttt_steps):
             cos, sin = self.rotary(positions + j, hidden.dtype)  # position t+j
             embeds = self.embed_tokens(_shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
@@ -221,25 +235,32 @@ class Eagle3Draft(nn.Module):
             values.append(v)
             out = layer.self_attn.attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
                                          mask[..., : (j + 1) * t])  # keys [B, nKV, (j+1)T, hd]
-            logits, hidden = self._head(layer.end(out, residual))  # [B,T,Vd], next step's hidden
-            step_logits.append(logits)
-        return step_logits
+            prenorm = layer.end(out, residual)  # [B, T, H]
+            post = self.norm(prenorm)
+            states.append(post)
+            hidden = post if self.spec.norm_output else prenorm  # next step's hidden
+        return states
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
         """TTT loss over a padded batch: aux [B,T,A*Ht], last [B,T,H], input_ids [B,T],
         loss_mask [B,T], attention_mask [B,T] (one sequence per row, any padding side)."""
         valid = batch["attention_mask"].bool()  # [B, T]
         learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
-        tgt_logits, tgt_ids = self.verifier_targets(batch["last"])  # [B, T, Vd], [B, T]
-        step_logits = self.ttt_unroll(batch["aux"], batch["input_ids"], valid)
+        # the verifier is needed only at positions p whose next token x_{p+1} is learned
+        need = valid & _shift(learn, 1)  # [B, T]
+        tgt_logits, tgt_ids = self.verifier_targets(batch["last"], where=need)  # [B,T,Vd], [B,T]
+        states = self.ttt_states(batch["aux"], batch["input_ids"], valid)  # steps x [B, T, H]
         to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
                                                       device=valid.device))  # [Vd]
         kl_sums, counts = [], []
         chain_ok = torch.ones_like(valid)  # steps < j all correct at this index
-        for j, logits in enumerate(step_logits):
+        for j, post in enumerate(states):
             # index t predicts x_{t+2+j} (counts if it exists and is an assistant token);
             # the verifier's distribution for it comes from last[t+1+j]
             step_valid = valid & _shift(learn, 2 + j)  # [B, T]
+            picked = self.lm_head(post[step_valid])  # [N, Vd]: only the positions that count
+            logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)  # [B,T,Vd]
+            logits = logits.index_put((step_valid,), picked)
             kl_sum, c, correct = losses.step_terms(
                 logits, _shift(tgt_logits, 1 + j), _shift(tgt_ids, 1 + j), to_target,
                 step_valid, chain_ok)
