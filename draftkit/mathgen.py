@@ -166,6 +166,16 @@ class Problem:
         return {"question": self.question, "answer": self.answer, "template": self.template}
 
 
+def template_table() -> tuple[dict[str, Template], Callable[[Template], Template]]:
+    """A template module's table and the decorator that registers a function in it."""
+    table: dict[str, Template] = {}
+
+    def template(fn: Template) -> Template:
+        table[fn.__name__] = fn
+        return fn
+    return table, template
+
+
 def templates(split: str) -> dict[str, Template]:
     """The template functions of one split (train and eval share none)."""
     if split == "train":

@@ -6,14 +6,9 @@ Acceptance measured on these problems is measured on text the draft never traine
 
 from __future__ import annotations
 
-from .mathgen import G, money
+from .mathgen import G, money, template_table
 
-TEMPLATES = {}
-
-
-def template(fn):
-    TEMPLATES[fn.__name__] = fn
-    return fn
+TEMPLATES, template = template_table()
 
 
 @template

@@ -7,14 +7,9 @@ so every division is exact and every answer is a non-negative integer.
 
 from __future__ import annotations
 
-from .mathgen import G, money
+from .mathgen import G, money, template_table
 
-TEMPLATES = {}
-
-
-def template(fn):
-    TEMPLATES[fn.__name__] = fn
-    return fn
+TEMPLATES, template = template_table()
 
 
 @template

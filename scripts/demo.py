@@ -19,11 +19,11 @@ from pathlib import Path
 # Sized to finish in ~20 minutes on a 2-core CPU; bench_eagle3.py runs the longer training.
 DEMO_OVERRIDES = [
     "data.source=offline",
-    "data.max_samples=320",
+    "data.max_samples=280",
     "data.eval_samples=48",
-    "data.self_instruct=100",
+    "data.self_instruct=60",
     "data.regen_max_new_tokens=192",
-    "train.epochs=4",
+    "train.epochs=2",
     "eval.num_prompts=24",
     "eval.max_new_tokens=160",
     "eval.k_values=[3]",
@@ -68,14 +68,13 @@ def main() -> int:
 def _summary(report: dict) -> dict:
     """vLLM AL (k=3, T=0, batch 8) for each method of the eval report, side by side."""
     rows = {}
-    for r in report.get("rows", []):
-        if r.get("k") == 3 and r.get("temperature") == 0.0 and r.get("batch_size") == 8:
+    for r in report.get("vllm", {}).get("rows", []):
+        if r["k"] in (3, None) and r["temperature"] == 0.0 and r["batch_size"] == 8:
             rows[r["method"]] = {"AL": r.get("acceptance_length"),
                                  "per_position": r.get("per_position"),
-                                 "tokens_per_s": r.get("tokens_per_s"),
-                                 "speedup": r.get("speedup")}
+                                 "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"]}
     return {"k": 3, "temperature": 0.0, "batch_size": 8, "methods": rows,
-            "report": report.get("json_path")}
+            "report": report.get("files", {}).get("md")}
 
 
 if __name__ == "__main__":
