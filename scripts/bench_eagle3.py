@@ -4,6 +4,7 @@ eval templates, never seen in training).
 
     python scripts/bench_eagle3.py                          # reuses runs/demo's data + harvest
     python scripts/bench_eagle3.py --source runs/demo --epochs 12 --k 1,2,3,4,5
+    python scripts/bench_eagle3.py --epochs 6 --k 1,3,5 draft.draft_vocab_size=4096
 
 Writes results/bench_eagle3.{json,md,png}: data budget (samples, tokens), wall time per stage,
 training-time simulated AL, and the vLLM table (AL, per-position acceptance, tokens/s,
@@ -43,6 +44,7 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--out", default="results")
+    p.add_argument("overrides", nargs="*", help="extra key=value run-config overrides")
     args = p.parse_args()
 
     import draftkit
@@ -61,7 +63,7 @@ def main() -> int:
     overrides = [f"train.epochs={args.epochs}", f"eval.k_values=[{args.k}]",
                  f"eval.temperatures=[{args.temperature}]", f"eval.batch_sizes=[{args.batch}]",
                  f"eval.num_prompts={args.prompts}", f"eval.max_new_tokens={args.max_new_tokens}",
-                 "eval.engine=vllm", f"eval.results_dir={args.out}"]
+                 "eval.engine=vllm", f"eval.results_dir={args.out}", *args.overrides]
     timings = {}
     for stage in ("train", "export", "evaluate"):
         t0 = time.perf_counter()

@@ -187,6 +187,7 @@ class Eagle3Draft(nn.Module):
 
     @torch.no_grad()
     def verifier_targets(self, last: torch.Tensor, where: torch.Tensor | None = None,
+                         full_vocab: bool = True,
                          chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
         """last [B, T, H] (target pre-norm) -> (verifier logits on the draft vocab [B, T, Vd],
         verifier argmax over the full vocab [B, T] as target ids); chunked over tokens.
@@ -197,13 +198,23 @@ class Eagle3Draft(nn.Module):
         b, t, h = last.shape
         if where is None:
             where = torch.ones(b, t, dtype=torch.bool, device=last.device)
+        # The KL needs only the draft-vocab rows; the full-vocab argmax behind the acc metrics
+        # costs 4-12x more. forward() asks for it in eval mode only, so train-step acc_j is vs
+        # the draft-vocab argmax (logged approximation; eval/best-checkpoint metrics are exact).
+        draft_only = not full_vocab
+        head = self.verifier_lm_head[self.t2d] if draft_only else self.verifier_lm_head
+        to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
+                                                      device=last.device))  # [Vd]
         logits_d, ids = [], []
         for piece in last[where].split(chunk):  # [n, H]
-            normed = rms_norm(piece.to(self.verifier_lm_head.dtype), self.verifier_norm,
-                              self.spec.rms_norm_eps)
-            full = F.linear(normed, self.verifier_lm_head)  # [n, V]
-            ids.append(full.argmax(-1))
-            logits_d.append(full[:, self.t2d])  # [n, Vd]; t2d order == draft id order
+            normed = rms_norm(piece.to(head.dtype), self.verifier_norm, self.spec.rms_norm_eps)
+            logits = F.linear(normed, head)  # [n, V] (eval) or [n, Vd] (train)
+            if draft_only:
+                ids.append(to_target[logits.argmax(-1)])
+                logits_d.append(logits)
+            else:
+                ids.append(logits.argmax(-1))
+                logits_d.append(logits[:, self.t2d])  # [n, Vd]; t2d order == draft id order
         out_logits = last.new_zeros(b, t, self.spec.draft_vocab_size, dtype=torch.float32)
         out_ids = torch.full((b, t), -1, dtype=torch.long, device=last.device)
         if logits_d:
@@ -248,7 +259,8 @@ class Eagle3Draft(nn.Module):
         learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
         # the verifier is needed only at positions p whose next token x_{p+1} is learned
         need = valid & _shift(learn, 1)  # [B, T]
-        tgt_logits, tgt_ids = self.verifier_targets(batch["last"], where=need)  # [B,T,Vd], [B,T]
+        tgt_logits, tgt_ids = self.verifier_targets(  # [B, T, Vd], [B, T]
+            batch["last"], where=need, full_vocab=not self.training)
         states = self.ttt_states(batch["aux"], batch["input_ids"], valid)  # steps x [B, T, H]
         to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
                                                       device=valid.device))  # [Vd]
