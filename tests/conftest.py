@@ -13,6 +13,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models and toy tensors are overhead-bound: intra-op threads only add contention
+    (10x slower on a busy 2-core box)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_target():
     """The in-process random tiny-llama target (built once into the draftkit cache)."""

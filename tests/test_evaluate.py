@@ -20,18 +20,13 @@ from draftkit.init import init_run
 from draftkit.models.eagle3 import Eagle3Draft
 from draftkit.vocab import DraftVocab
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
+
 export = importlib.import_module("draftkit.export")  # the module (draftkit.export is the function)
 
 AUX = [1, 3, 5]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """tiny-llama work is overhead-bound: intra-op threads only add contention on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def make_run(root: Path, target_model, tokenizer, n_prompts: int = 4, export_draft: bool = True):

@@ -14,16 +14,11 @@ from draftkit import spec_decode
 from draftkit.errors import DraftkitError
 from draftkit.spec_decode import probs_from_logits, residual, speculative_decode, verify
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
+
 V = 6  # toy vocabulary
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Toy tensors are tiny: intra-op threads only add contention (10x slower on 2 busy cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 class ToyLM:

@@ -20,19 +20,14 @@ from draftkit.spec_decode import (
 )
 from draftkit.vocab import DraftVocab
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
+
 init = importlib.import_module("draftkit.init")
 
 AUX = [1, 3, 5]  # distinct ascending ids within tiny-llama's layers (vLLM collects each once)
 MAX_NEW = 24
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models, short sequences: intra-op threads only add contention on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
