@@ -48,7 +48,10 @@ def test_numbers_are_consistent(report):
         assert r["acceptance_length"] == pytest.approx(1 + sum(r["per_position"]))
         pos = r["accepted_per_pos"]
         assert all(a >= b for a, b in pairwise(pos)) and sum(pos) == r["accepted"]
-        assert r["draft_tokens"] == r["k"] * r["drafts"]
+        if r["method"] == "eagle3":  # EAGLE-3 always drafts k; n-gram may find a shorter match
+            assert r["draft_tokens"] == r["k"] * r["drafts"]
+        else:
+            assert r["drafts"] <= r["draft_tokens"] <= r["k"] * r["drafts"]
         assert r["projected_speedup"] > 0
     eagle = [r for r in report["vllm"]["rows"] if r["method"] == "eagle3"]
     assert all(r["drafts"] > 0 for r in eagle)
