@@ -133,7 +133,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
           stop_after: int | None = None) -> Path:
     """Train the run's draft; returns the train dir (best checkpoint in train/best)."""
     from .models.eagle3 import Eagle3Draft
-    from .target import load_target
+    from .target import default_device, load_target
 
     run_dir = config.run_dir_of(run_dir)
     cfg = config.load(run_dir, overrides)
@@ -141,8 +141,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         raise DraftkitError(f"draft kind {cfg.draft.kind!r} has no trainer yet; use eagle3")
     if cfg.train.mode not in ("offline", "online"):
         raise DraftkitError(f"train.mode must be offline or online, got {cfg.train.mode!r}")
-    device = "cpu" if cfg.train.device == "auto" and not torch.cuda.is_available() else (
-        "cuda" if cfg.train.device == "auto" else cfg.train.device)
+    device = default_device() if cfg.train.device == "auto" else cfg.train.device
     dtype = torch.float32  # master weights and batches; train.dtype sets autocast (loop.py)
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
