@@ -192,7 +192,8 @@ def test_smollm2_exact_and_logits(tmp_path, smollm2_target, monkeypatch):
     tok, model = smollm2_target.tokenizer, smollm2_target.model
     ids = [2, 15, 27, 30]  # 2, N//2, N-3, N
     run = make_run(tmp_path, tok, target="smollm2-135m", n_train=8, n_eval=2, hi=30,
-                   overrides=[f"draft.aux_layer_ids={ids}", "harvest.dtype=float32",
+                   overrides=[f"draft.aux_layer_ids={ids}", "target.dtype=float32",
+                              "harvest.dtype=float32",
                               "harvest.batch_tokens=256"])
     hv.harvest(run)
     monkeypatch.setattr(model.config, "tie_last_hidden_states", False, raising=False)
