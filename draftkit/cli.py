@@ -85,7 +85,14 @@ def _flags_to_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # key=value overrides may come before or after a verb's options (`eval RUN --k 3 a=b`).
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     if args.verb == "init":
         from . import config
         from .init import init_run, next_steps

@@ -46,6 +46,19 @@ def test_config_show_prints_resolved_config_with_overrides(tmp_path, capsys):
     assert shown["train"]["lr"] == 5e-5 and shown["draft"]["aux_layer_ids"] == [2, 14, 25]
 
 
+def test_overrides_may_follow_options_and_strays_are_refused(tmp_path, capsys):
+    code, _, _ = _cli(capsys, "init", "--target", "Qwen3-0.6B", "--data", "math", "--dir",
+                      str(tmp_path), "--name", "q", "train.lr=5e-5", "--k", "4", "train.epochs=2")
+    assert code == 0
+    data = yaml.safe_load((tmp_path / "q" / "draftkit.yaml").read_text())
+    assert (data["train"]["lr"], data["train"]["epochs"]) == (5e-5, 2)
+    assert data["draft"]["num_speculative_tokens"] == 4
+    code, _, err = _cli(capsys, "init", "--target", "Qwen3-0.6B", "--data", "math", "--bogus")
+    assert code == 2 and "unrecognized arguments: --bogus" in err
+    code, _, err = _cli(capsys, "targets", "train.lr=1")
+    assert code == 2 and "unrecognized arguments: train.lr=1" in err
+
+
 def test_k_and_overrides_reach_the_config():
     cfg = resolve("Llama-3.1-8B-Instruct", "math", k=5, overrides=["train.epochs=1"])
     assert cfg.draft.num_speculative_tokens == 5 and cfg.train.epochs == 1
