@@ -121,6 +121,12 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # autocast dtype; auto = bfloat16 on CUDA, float32 on CPU
+    # warm start: a speculators-format head (train/best, a checkpoint, an export, or a run dir =
+    # its train/best); its weights AND its draft vocab are the starting point (refresh jobs)
+    init_from: str = ""
+    # more offline train data: other runs (same target and aux layer ids) whose harvest joins
+    # this run's train shards and whose token counts join the draft vocab; eval stays this run's
+    extra_runs: list[str] = field(default_factory=list)
 
 
 @dataclass

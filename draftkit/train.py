@@ -4,16 +4,20 @@ target in the loop, through the generic loop in loop.py.
     draftkit train runs/demo                                  # offline, from harvest/
     draftkit train runs/demo train.mode=online                # target in the loop, no disk
     draftkit train runs/tiny train.max_steps=20 train.batch_tokens=512   # tiny CPU smoke run
+    draftkit train runs/rl-200 train.init_from=runs/rl-100 train.extra_runs=[runs/rl-100]  # refresh
     accelerate launch --multi_gpu --num_processes 2 -m draftkit.cli train runs/demo  # 2-proc DDP (gloo on CPU)
 
 The draft vocabulary comes from prepare's token counts (top-`draft_vocab_size` assistant
 tokens). Batches pack length-sorted sequences into padded [B, T] tensors of at most
 `train.batch_tokens` tokens; the batch order is a pure function of (seed, epoch), which is what
 makes resume exact. Best checkpoint = highest simulated AL on the held-out split.
+`train.init_from` warm-starts from a trained head (its weights and draft vocab);
+`train.extra_runs` adds other runs' harvests to the train data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -76,16 +80,67 @@ class LazyBatches(Sequence):
         return self.build(self.plan[i])
 
 
+def _extra_runs(cfg, run_dir: Path) -> list[Path]:
+    runs = [config.run_dir_of(p) for p in cfg.train.extra_runs]
+    seen = {Path(run_dir).resolve()}
+    for r in runs:
+        if r.resolve() in seen:
+            raise DraftkitError(f"train.extra_runs lists {r} twice or names this run itself; "
+                                "each run's data would count double")
+        seen.add(r.resolve())
+        if not artifacts.RunPaths(r).config.is_file():
+            raise DraftkitError(f"train.extra_runs entry {r} is not a run dir (no draftkit.yaml); "
+                                "list run dirs whose `draftkit harvest` finished")
+    if runs and cfg.train.mode != "offline":
+        raise DraftkitError("train.extra_runs adds harvested (offline) data; use train.mode=offline")
+    return runs
+
+
 def _load_vocab(cfg, run_dir: Path, tokenizer):
+    """Top-`draft_vocab_size` tokens of prepare's counts (this run's plus train.extra_runs')."""
     from .prepare import load_token_counts
     from .vocab import DraftVocab, end_of_turn_ids
 
-    counts = load_token_counts(run_dir)
-    if counts.numel() != cfg.target.vocab_size:
-        raise DraftkitError(f"token counts cover {counts.numel()} ids but the target vocab is "
-                            f"{cfg.target.vocab_size}: rerun `draftkit prepare {run_dir}`")
+    counts = None
+    for r in [run_dir, *_extra_runs(cfg, run_dir)]:
+        c = load_token_counts(r)
+        if c.numel() != cfg.target.vocab_size:
+            raise DraftkitError(f"token counts of {r} cover {c.numel()} ids but the target vocab "
+                                f"is {cfg.target.vocab_size}: rerun `draftkit prepare {r}`")
+        counts = c if counts is None else counts + c
     return DraftVocab.build(counts, cfg.draft.draft_vocab_size,
                             must_include=end_of_turn_ids(tokenizer))
+
+
+def warm_start(cfg, target_model):
+    """The head in `train.init_from`, checked against this run's draft (shapes, norms, target,
+    aux layer ids). Its draft vocab is kept: lm_head rows are indexed by draft id."""
+    from .models import speculators_format as fmt
+    from .models.eagle3 import Eagle3Draft
+
+    src = config.run_dir_of(cfg.train.init_from)
+    if artifacts.RunPaths(src).config.is_file():  # a run dir stands for its best checkpoint
+        src = artifacts.RunPaths(src).train / "best"
+    model = Eagle3Draft.from_pretrained(src, target_model, cfg.train.ttt_steps,
+                                        cfg.train.ttt_decay)
+    got = model.spec
+    if cfg.draft.draft_vocab_size not in (0, got.draft_vocab_size):
+        raise DraftkitError(f"train.init_from={src} has a draft vocab of {got.draft_vocab_size} "
+                            f"but this run has draft.draft_vocab_size={cfg.draft.draft_vocab_size}"
+                            f"; set draft.draft_vocab_size={got.draft_vocab_size} to warm-start")
+    want = fmt.spec_from_run_config(cfg, got.draft_vocab_size, got.verifier_name_or_path)
+    free = {"verifier_name_or_path", "target_name", "num_speculative_tokens"}
+    diff = [f"{f.name}={getattr(got, f.name)!r} there, {getattr(want, f.name)!r} here"
+            for f in dataclasses.fields(want)
+            if f.name not in free and getattr(got, f.name) != getattr(want, f.name)]
+    if got.target_name and got.target_name != cfg.target.name:
+        diff.insert(0, f"target {got.target_name!r} there, {cfg.target.name!r} here")
+    if diff:
+        raise DraftkitError(f"train.init_from={src} does not fit this run's draft: "
+                            f"{'; '.join(diff)}. Warm-start from a head of the same target and "
+                            "draft settings, or set this run's draft.* to match it")
+    model.spec = dataclasses.replace(got, num_speculative_tokens=want.num_speculative_tokens)
+    return model
 
 
 def _offline_sequences(cfg, run_dir: Path, split: str) -> list[Seq]:
@@ -99,6 +154,17 @@ def _offline_sequences(cfg, run_dir: Path, split: str) -> list[Seq]:
                             "train online with train.mode=online")
     hs = open_harvest(hdir, target_name=cfg.target.name, aux_layer_ids=cfg.draft.aux_layer_ids)
     return list(hs.sequences())
+
+
+def build_draft(cfg, run_dir: Path, target):
+    """The head training starts from: `train.init_from`'s, or a new one (vocab from counts)."""
+    from .models.eagle3 import Eagle3Draft
+
+    torch.manual_seed(cfg.train.seed)
+    if cfg.train.init_from:
+        return warm_start(cfg, target.model)
+    vocab = _load_vocab(cfg, run_dir, target.tokenizer)
+    return Eagle3Draft.from_run_config(cfg, vocab, target.model)
 
 
 def _online_sequences(run_dir: Path, split: str) -> list[Seq]:
@@ -132,7 +198,6 @@ def make_evaluator(seqs: list[Seq], build, batch_tokens: int):
 def train(run_dir: Path, overrides: list[str] | None = None,
           stop_after: int | None = None) -> Path:
     """Train the run's draft; returns the train dir (best checkpoint in train/best)."""
-    from .models.eagle3 import Eagle3Draft
     from .target import default_device, load_target
 
     run_dir = config.run_dir_of(run_dir)
@@ -145,9 +210,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
     dtype = torch.float32  # master weights and batches; train.dtype sets autocast (loop.py)
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
-    vocab = _load_vocab(cfg, run_dir, target.tokenizer)
-    torch.manual_seed(cfg.train.seed)
-    model = Eagle3Draft.from_run_config(cfg, vocab, target.model).to(device=device, dtype=dtype)
+    model = build_draft(cfg, run_dir, target).to(device=device, dtype=dtype)
 
     capture = None
     if cfg.train.mode == "online":
@@ -157,7 +220,8 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         train_seqs, eval_seqs = _online_sequences(run_dir, "train"), _online_sequences(run_dir, "eval")
     else:
         del target  # offline: the target's features are on disk
-        train_seqs = _offline_sequences(cfg, run_dir, "train")
+        train_seqs = [s for r in [run_dir, *_extra_runs(cfg, run_dir)]
+                      for s in _offline_sequences(cfg, r, "train")]
         eval_seqs = _offline_sequences(cfg, run_dir, "eval")
     build = _batch_builder(train_seqs, capture, dtype)
     lengths = [int(s["input_ids"].shape[0]) for s in train_seqs]

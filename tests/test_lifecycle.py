@@ -7,10 +7,13 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import draftkit
 from draftkit import artifacts, config
 from draftkit.errors import DraftkitError
+from draftkit.shards import open_harvest
+from draftkit.train import plan_batches
 
 OVERRIDES = [
     "data.source=offline", "data.max_samples=48", "data.eval_samples=8",
@@ -56,6 +59,73 @@ def test_offline_and_online_training_see_identical_batches(run):
     torch.testing.assert_close(torch.tensor([h["loss"] for h in online]),
                                torch.tensor([h["loss"] for h in offline]), rtol=1e-5, atol=1e-6)
     assert offline[-1]["loss"] < offline[0]["loss"]
+
+
+def _trained(run):
+    best = artifacts.RunPaths(run).train / "best"
+    if not best.exists():
+        draftkit.train(run)
+    return best
+
+
+def _copy_run(run, name):
+    import shutil
+
+    other = run.parent / name
+    for sub in ("data", "harvest"):
+        shutil.copytree(run / sub, other / sub)
+    shutil.copy(run / "draftkit.yaml", other / "draftkit.yaml")
+    return other
+
+
+def _eval_metrics(train_dir):
+    return json.loads((train_dir / "best" / "meta.json").read_text())["eval"]
+
+
+def test_warm_start_resumes_from_the_head_and_its_vocab(run):
+    """lr=0 freezes the weights: a warm-started run must evaluate exactly like the head it
+    started from, a cold one like a fresh head."""
+    best = _trained(run)
+    head = _eval_metrics(best.parent)
+    frozen = ["train.lr=0", "train.max_steps=1", "train.eval_every=1", "train.save_every=1"]
+    warm, cold = _copy_run(run, "life-warm"), _copy_run(run, "life-cold")
+    # reversed counts: a vocab rebuilt from them would break the head's lm_head rows
+    freqs = artifacts.RunPaths(warm).data / "token_freqs.safetensors"
+    save_file({"counts": load_file(str(freqs))["counts"].flip(0).contiguous()}, str(freqs))
+    draftkit.train(warm, overrides=[*frozen, f"train.init_from={best}"])
+    draftkit.train(cold, overrides=frozen)
+    got = _eval_metrics(artifacts.RunPaths(warm).train)
+    for key in ("acc_0", "acc_1", "acc_2", "sim_al", "loss"):
+        assert got[key] == pytest.approx(head[key], rel=1e-5), key
+    assert _eval_metrics(artifacts.RunPaths(cold).train)["sim_al"] < head["sim_al"]
+
+
+def test_warm_start_refuses_a_head_of_other_draft_settings(run):
+    _trained(run)
+    with pytest.raises(DraftkitError, match="norm_before_fc=False there, True here"):
+        draftkit.train(run, overrides=[f"train.init_from={run}", "draft.norm_before_fc=true"])
+    with pytest.raises(DraftkitError, match="set draft.draft_vocab_size=256"):
+        draftkit.train(run, overrides=[f"train.init_from={run}", "draft.draft_vocab_size=128"])
+    with pytest.raises(DraftkitError, match="not an EAGLE-3 checkpoint"):
+        draftkit.train(run, overrides=[f"train.init_from={run.parent}"])
+
+
+def test_extra_runs_add_their_harvest_to_the_train_data(run):
+    other = _copy_run(run, "life-extra")
+    one = ["train.max_steps=0", "train.epochs=1", "train.eval_every=1000", "train.save_every=1000"]
+    both = _copy_run(run, "life-both")
+    out = draftkit.train(both, overrides=[*one, f"train.extra_runs=[{other}]"])
+    # one epoch = the batch plan over both runs' sequences (each length now twice)
+    lengths = open_harvest(artifacts.RunPaths(run).harvest).lengths()
+    cfg = config.load(both)
+    assert len(lengths) > 0 and json.loads((out / "meta.json").read_text())["steps"] == len(
+        plan_batches(lengths * 2, cfg.train.batch_tokens, cfg.train.seed, 0))
+    with pytest.raises(DraftkitError, match="twice or names this run itself"):
+        draftkit.train(both, overrides=[f"train.extra_runs=[{both}]"])
+    with pytest.raises(DraftkitError, match="not a run dir"):
+        draftkit.train(both, overrides=[f"train.extra_runs=[{run.parent}]"])
+    with pytest.raises(DraftkitError, match="train.mode=offline"):
+        draftkit.train(both, overrides=[f"train.extra_runs=[{other}]", "train.mode=online"])
 
 
 def test_train_refuses_harvest_of_other_layer_ids(run):
