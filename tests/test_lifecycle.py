@@ -109,9 +109,9 @@ def test_warm_start_resumes_from_the_head_and_its_vocab(run):
         assert got[key] == pytest.approx(head[key], rel=1e-5), key
     assert _eval_metrics(artifacts.RunPaths(cold).train)["sim_al"] < head["sim_al"]
     # the benchmark's budget counts the steps that made the initial head
-    assert _bench_script()._budget(warm)["warm_start"] == {
+    assert _bench_script()._budget(warm)["warm_start"] == [{
         "from": str(run), "steps": 8,
-        "train_s": json.loads((best.parent / "meta.json").read_text())["timings"]["train_s_this_call"]}
+        "train_s": json.loads((best.parent / "meta.json").read_text())["timings"]["train_s_this_call"]}]
 
 
 def test_warm_start_refuses_a_head_of_other_draft_settings(run):
@@ -139,7 +139,7 @@ def test_extra_runs_add_their_harvest_to_the_train_data(run):
     single = json.loads((artifacts.RunPaths(run).data / "stats.json").read_text())["train"]
     budget = bench._budget(both)
     assert budget["train_samples"] == 2 * single["samples"]
-    assert budget["harvest_tokens"] == 2 * sum(lengths) and "warm_start" not in budget
+    assert budget["harvest_tokens"] == 2 * sum(lengths) and budget["warm_start"] == []
     with pytest.raises(DraftkitError, match="twice or names this run itself"):
         draftkit.train(both, overrides=[f"train.extra_runs=[{both}]"])
     with pytest.raises(DraftkitError, match="not a run dir"):
