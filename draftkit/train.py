@@ -96,13 +96,13 @@ def _extra_runs(cfg, run_dir: Path) -> list[Path]:
     return runs
 
 
-def _load_vocab(cfg, run_dir: Path, tokenizer):
-    """Top-`draft_vocab_size` tokens of prepare's counts (this run's plus train.extra_runs')."""
+def _load_vocab(cfg, data_runs: list[Path], tokenizer):
+    """Top-`draft_vocab_size` tokens of prepare's counts summed over the runs trained on."""
     from .prepare import load_token_counts
     from .vocab import DraftVocab, end_of_turn_ids
 
     counts = None
-    for r in [run_dir, *_extra_runs(cfg, run_dir)]:
+    for r in data_runs:
         c = load_token_counts(r)
         if c.numel() != cfg.target.vocab_size:
             raise DraftkitError(f"token counts of {r} cover {c.numel()} ids but the target vocab "
@@ -139,7 +139,7 @@ def warm_start(cfg, target_model):
         raise DraftkitError(f"train.init_from={src} does not fit this run's draft: "
                             f"{'; '.join(diff)}. Warm-start from a head of the same target and "
                             "draft settings, or set this run's draft.* to match it")
-    model.spec = dataclasses.replace(got, num_speculative_tokens=want.num_speculative_tokens)
+    model.spec = fmt.with_k(got, want.num_speculative_tokens)
     return model
 
 
@@ -156,14 +156,15 @@ def _offline_sequences(cfg, run_dir: Path, split: str) -> list[Seq]:
     return list(hs.sequences())
 
 
-def build_draft(cfg, run_dir: Path, target):
-    """The head training starts from: `train.init_from`'s, or a new one (vocab from counts)."""
+def build_draft(cfg, data_runs: list[Path], target):
+    """The head training starts from: `train.init_from`'s, or a new one whose vocab comes from
+    the counts of `data_runs` (this run, then train.extra_runs)."""
     from .models.eagle3 import Eagle3Draft
 
     torch.manual_seed(cfg.train.seed)
     if cfg.train.init_from:
         return warm_start(cfg, target.model)
-    vocab = _load_vocab(cfg, run_dir, target.tokenizer)
+    vocab = _load_vocab(cfg, data_runs, target.tokenizer)
     return Eagle3Draft.from_run_config(cfg, vocab, target.model)
 
 
@@ -206,11 +207,12 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         raise DraftkitError(f"draft kind {cfg.draft.kind!r} has no trainer yet; use eagle3")
     if cfg.train.mode not in ("offline", "online"):
         raise DraftkitError(f"train.mode must be offline or online, got {cfg.train.mode!r}")
+    data_runs = [run_dir, *_extra_runs(cfg, run_dir)]  # checked before the target loads
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
     dtype = torch.float32  # master weights and batches; train.dtype sets autocast (loop.py)
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
-    model = build_draft(cfg, run_dir, target).to(device=device, dtype=dtype)
+    model = build_draft(cfg, data_runs, target).to(device=device, dtype=dtype)
 
     capture = None
     if cfg.train.mode == "online":
@@ -220,8 +222,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         train_seqs, eval_seqs = _online_sequences(run_dir, "train"), _online_sequences(run_dir, "eval")
     else:
         del target  # offline: the target's features are on disk
-        train_seqs = [s for r in [run_dir, *_extra_runs(cfg, run_dir)]
-                      for s in _offline_sequences(cfg, r, "train")]
+        train_seqs = [s for r in data_runs for s in _offline_sequences(cfg, r, "train")]
         eval_seqs = _offline_sequences(cfg, run_dir, "eval")
     build = _batch_builder(train_seqs, capture, dtype)
     lengths = [int(s["input_ids"].shape[0]) for s in train_seqs]

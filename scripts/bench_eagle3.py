@@ -82,12 +82,13 @@ def _budget(run: Path) -> dict:
     train_meta = artifacts.read_json(run / "train" / "meta.json")
     cfg = train_meta["config"]["train"]  # what training ran with, overrides included
     data_runs = [run, *(config.run_dir_of(r) for r in cfg.get("extra_runs", []))]
-    stats = [artifacts.read_json(r / "data" / "stats.json")["train"] for r in data_runs]
+    stats = [artifacts.read_json(r / "data" / "stats.json") for r in data_runs]
+    train = [st["train"] for st in stats]
     out = {"data_runs": [str(r) for r in data_runs],
-           "train_samples": sum(s["samples"] for s in stats),
-           "train_tokens": sum(s["tokens"] for s in stats),
-           "train_loss_tokens": sum(s["loss_tokens"] for s in stats),
-           "eval_samples": artifacts.read_json(run / "data" / "stats.json")["eval"]["samples"],
+           "train_samples": sum(t["samples"] for t in train),
+           "train_tokens": sum(t["tokens"] for t in train),
+           "train_loss_tokens": sum(t["loss_tokens"] for t in train),
+           "eval_samples": stats[0]["eval"]["samples"],  # eval is this run's split only
            "harvest_tokens": sum(artifacts.read_json(r / "harvest" / "manifest.json")
                                  ["total_tokens"] for r in data_runs),
            "optimizer_steps": train_meta.get("steps"), "best_step": best["step"],
