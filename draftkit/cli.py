@@ -11,15 +11,15 @@ import importlib
 import sys
 from pathlib import Path
 
-from .errors import DraftkitError
+from draftkit.core.errors import DraftkitError
 
 # verb -> (module, function, help). Each function takes (run_dir, overrides=[...], **flags).
 STAGES = {
-    "prepare": ("draftkit.prepare", "prepare", "template, regenerate with the target, mask, count"),
-    "harvest": ("draftkit.harvest", "harvest", "capture the target's hidden states to shards"),
-    "train": ("draftkit.train", "train", "train the EAGLE-3 head (offline or online)"),
-    "export": ("draftkit.export", "export", "write the vLLM/speculators draft dir (+ vLLM check)"),
-    "eval": ("draftkit.evaluate", "evaluate", "measure AL and speedup (reference and/or vLLM)"),
+    "prepare": ("draftkit.prepare.stage", "prepare", "template, regenerate with the target, mask, count"),
+    "harvest": ("draftkit.harvest.stage", "harvest", "capture the target's hidden states to shards"),
+    "train": ("draftkit.train.stage", "train", "train the EAGLE-3 head (offline or online)"),
+    "export": ("draftkit.export.stage", "export", "write the vLLM/speculators draft dir (+ vLLM check)"),
+    "eval": ("draftkit.eval.stage", "evaluate", "measure AL and speedup (reference and/or vLLM)"),
 }
 
 
@@ -94,24 +94,24 @@ def run(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     if args.verb == "init":
-        from . import config
-        from .init import init_run, next_steps
+        from draftkit.core import config
+        from draftkit.core.init import init_run, next_steps
 
         run_dir = init_run(args.target, args.data, args.draft, args.k, args.name, args.dir,
                            args.force, args.overrides)
         print(next_steps(run_dir, config.load(run_dir)))
     elif args.verb == "config":
-        from . import config
+        from draftkit.core import config
 
         print(config.dump(config.load(args.run, args.overrides)), end="")
     elif args.verb == "targets":
-        from . import registry
+        from draftkit.core import registry
 
         for info in map(registry.lookup, registry.names()):
             print(f"{info.name:24s} {info.hub_id or '(in-process)':40s} layers={info.num_hidden_layers}"
                   f" hidden={info.hidden_size} vocab={info.vocab_size}")
     elif args.verb == "project":
-        from .project import project_step, render
+        from draftkit.rl.project import project_step, render
 
         print(render(project_step(args.generation_s, args.step_s, args.rollout_speedup,
                                   args.mode, args.other_delta_s)))

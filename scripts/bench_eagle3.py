@@ -47,8 +47,8 @@ def main() -> int:
     p.add_argument("overrides", nargs="*", help="extra key=value run-config overrides")
     args = p.parse_args()
 
-    import draftkit
-    from draftkit import artifacts, config
+    from draftkit import api
+    from draftkit.core import artifacts, config
 
     src, run = Path(args.source), Path(args.dir) / args.name
     if not (src / "harvest" / "manifest.json").is_file():
@@ -67,7 +67,7 @@ def main() -> int:
     timings = {}
     for stage in ("train", "export", "evaluate"):
         t0 = time.perf_counter()
-        result = getattr(draftkit, stage)(run, overrides=overrides)
+        result = getattr(api, stage)(run, overrides=overrides)
         timings[stage] = round(time.perf_counter() - t0, 1)
     write(result, run, timings, Path(args.out))
     return 0
@@ -76,7 +76,7 @@ def main() -> int:
 def _budget(run: Path) -> dict:
     """Data and compute behind the head: this run's data plus train.extra_runs', and the steps
     and wall time of the heads it warm-started from (train.init_from, followed back)."""
-    from draftkit import artifacts, config
+    from draftkit.core import artifacts, config
 
     best = artifacts.read_json(run / "train" / "best" / "meta.json")
     train_meta = artifacts.read_json(run / "train" / "meta.json")
@@ -100,7 +100,7 @@ def _budget(run: Path) -> dict:
 
 def _lineage(init_from: str | None) -> list[dict]:
     """The heads this one warm-started from, newest first: run, steps and train wall time."""
-    from draftkit import artifacts, config
+    from draftkit.core import artifacts, config
 
     chain = []
     while init_from and len(chain) < 32:
@@ -115,7 +115,7 @@ def _lineage(init_from: str | None) -> list[dict]:
 
 
 def write(report: dict, run: Path, timings: dict, out: Path) -> None:
-    from draftkit import artifacts
+    from draftkit.core import artifacts
 
     rows = report["vllm"]["rows"]
     bench = {"run": str(run), "budget": _budget(run), "timings_s": timings,

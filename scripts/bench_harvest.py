@@ -25,11 +25,13 @@ from pathlib import Path
 
 import torch
 
-from draftkit import artifacts, config, mathgen, vllm_engine
-from draftkit.init import init_run
-from draftkit.target import load_target, target_dir
+from draftkit.core import artifacts, config
+from draftkit.core.init import init_run
+from draftkit.prepare import mathgen
+from draftkit.serving import vllm_engine
+from draftkit.target.load import load_target, target_dir
 
-hv = importlib.import_module("draftkit.harvest")
+hv = importlib.import_module("draftkit.harvest.stage")
 
 TARGET = "smollm2-135m"
 RESULTS = Path(__file__).resolve().parent.parent / "results"

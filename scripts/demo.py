@@ -39,21 +39,21 @@ def main() -> int:
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
 
-    import draftkit
-    from draftkit import artifacts, config
-    from draftkit.errors import DraftkitError
+    from draftkit import api
+    from draftkit.core import artifacts, config
+    from draftkit.core.errors import DraftkitError
 
     run = Path(args.dir) / args.name
     overrides = [*DEMO_OVERRIDES, *args.overrides]
     timings: dict[str, float] = {}
     try:
         if not (run / config.CONFIG_NAME).exists():
-            draftkit.init("smollm2-135m", "math", name=args.name, runs_dir=args.dir,
+            api.init("smollm2-135m", "math", name=args.name, runs_dir=args.dir,
                           overrides=overrides)
         for stage in ("prepare", "harvest", "train", "export", "evaluate"):
             t0 = time.perf_counter()
             print(f"\n== draftkit {stage} {run}", flush=True)
-            result = getattr(draftkit, stage)(run, overrides=overrides)
+            result = getattr(api, stage)(run, overrides=overrides)
             timings[stage] = time.perf_counter() - t0
     except DraftkitError as e:
         print(f"error: {e}", file=sys.stderr)

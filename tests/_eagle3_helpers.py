@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from draftkit.models.eagle3 import Eagle3Draft
-from draftkit.models.speculators_format import DraftSpec
-from draftkit.vocab import DraftVocab
+from draftkit.drafts.eagle3.format import DraftSpec
+from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.eagle3.vocab import DraftVocab
 
 V, VD, H = 64, 40, 32
 

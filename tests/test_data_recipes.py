@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from draftkit import data, mathgen, recipes, selfinstruct
-from draftkit.config import DataConfig
-from draftkit.errors import DraftkitError
+from draftkit.core.config import DataConfig
+from draftkit.core.errors import DraftkitError
+from draftkit.prepare import mathgen, recipes, selfinstruct, sources
 
 RECIPES = sorted((Path(__file__).parent.parent / "data_recipes").glob("*.yaml"))
 # `a op b op c = r` as written in mathgen's step lines (money signs allowed before results)
@@ -29,7 +29,7 @@ def test_recipe_validates_and_offline_sample_loads_through_datasets(path, tmp_pa
     for src in recipe.sources + ([recipe.eval] if recipe.eval else []):
         if src.hub is not None:  # real hub datasets are named
             assert "/" in src.hub.path, src.name
-    mix = data.load_mix(recipe, DataConfig(recipe=str(path), source="offline", max_samples=30,
+    mix = sources.load_mix(recipe, DataConfig(recipe=str(path), source="offline", max_samples=30,
                                            eval_samples=6), tmp_path)
     assert 0 < len(mix.train) <= 30 and 0 < len(mix.eval) <= 6
     for conv in mix.train + mix.eval:
@@ -46,17 +46,17 @@ def test_recipe_validates_and_offline_sample_loads_through_datasets(path, tmp_pa
 def test_offline_samples_use_the_hub_schema(tmp_path):
     """The shipped samples carry the columns the hub datasets have, mapped the same way."""
     chat = recipes.load_recipe("chat")
-    ultra = data.load_files([chat.resolve(chat.sources[0].offline.files[0])], tmp_path)
+    ultra = sources.load_files([chat.resolve(chat.sources[0].offline.files[0])], tmp_path)
     assert {"prompt", "prompt_id", "messages"} <= set(ultra.column_names)
-    sharegpt = data.load_files([chat.resolve(chat.sources[1].offline.files[0])], tmp_path)
+    sharegpt = sources.load_files([chat.resolve(chat.sources[1].offline.files[0])], tmp_path)
     assert "conversations" in sharegpt.column_names
     assert set(sharegpt[0]["conversations"][0]) == {"from", "value"}
     multi = [r for r in ultra if len(r["messages"]) >= 4]
     assert len(multi) >= 10  # real multi-turn conversations
     code = recipes.load_recipe("code")
     assert {"instruction", "response"} <= set(
-        data.load_files([code.resolve(code.sources[0].offline.files[0])], tmp_path).column_names)
-    mix = data.load_mix(chat, DataConfig(recipe="chat", source="offline", max_samples=100),
+        sources.load_files([code.resolve(code.sources[0].offline.files[0])], tmp_path).column_names)
+    mix = sources.load_mix(chat, DataConfig(recipe="chat", source="offline", max_samples=100),
                         tmp_path)
     sg = [c for c in mix.train if c.source == "sharegpt"]
     assert sg and any(c.messages[0]["role"] == "system" for c in sg)  # from/value + roles mapped
@@ -64,7 +64,7 @@ def test_offline_samples_use_the_hub_schema(tmp_path):
 
 def test_math_offline_is_mathgen_in_gsm8k_schema_with_disjoint_eval(tmp_path):
     recipe = recipes.load_recipe("math")
-    mix = data.load_mix(recipe, DataConfig(recipe="math", source="offline", max_samples=300,
+    mix = sources.load_mix(recipe, DataConfig(recipe="math", source="offline", max_samples=300,
                                            eval_samples=50), tmp_path)
     assert len(mix.train) == 300 and len(mix.eval) == 50
     assert mix.stats["sources"]["math"] == {"skipped": "no offline data for this source"}
@@ -121,15 +121,15 @@ def test_mathgen_is_deterministic_and_varied():
 
 
 def test_allocate_and_mix_are_deterministic(tmp_path):
-    assert data.allocate(10, [1, 1, 1]) == [4, 3, 3]
-    assert data.allocate(7, [0.35, 0.25, 0.4]) == [2, 2, 3]
+    assert sources.allocate(10, [1, 1, 1]) == [4, 3, 3]
+    assert sources.allocate(7, [0.35, 0.25, 0.4]) == [2, 2, 3]
     recipe = recipes.load_recipe("chat")
     cfg = DataConfig(recipe="chat", source="offline", max_samples=20, eval_samples=4)
-    a = data.load_mix(recipe, cfg, tmp_path)
-    b = data.load_mix(recipe, cfg, tmp_path)
+    a = sources.load_mix(recipe, cfg, tmp_path)
+    b = sources.load_mix(recipe, cfg, tmp_path)
     assert [c.id for c in a.train] == [c.id for c in b.train]
     cfg.seed = 1
-    assert [c.id for c in data.load_mix(recipe, cfg, tmp_path).train] != [c.id for c in a.train]
+    assert [c.id for c in sources.load_mix(recipe, cfg, tmp_path).train] != [c.id for c in a.train]
     assert a.stats["sources"]["ultrachat"]["selected"] == 14  # 0.7 * 20
     assert a.stats["sources"]["sharegpt"]["selected"] == 6
 
@@ -147,7 +147,7 @@ def test_missing_field_names_field_and_recipe(tmp_path):
                          [{"q": "What is 2+2?"}])
     recipe = recipes.load_recipe(str(path))
     with pytest.raises(DraftkitError, match=r"'mine'.*prompt -> column 'question'.*columns: q"):
-        data.load_mix(recipe, DataConfig(source="offline"), tmp_path)
+        sources.load_mix(recipe, DataConfig(source="offline"), tmp_path)
 
 
 def test_empty_result_and_drop_reasons(tmp_path):
@@ -156,7 +156,7 @@ def test_empty_result_and_drop_reasons(tmp_path):
     path = _write_recipe(tmp_path, "name: empty\nsources:\n  - name: s\n    format: messages\n"
                          "    fields: {messages: messages}\n    files: [FILE]\n", rows)
     with pytest.raises(DraftkitError, match="gave no train conversations.*unknown_role:robot"):
-        data.load_mix(recipes.load_recipe(str(path)), DataConfig(source="offline", eval_samples=1),
+        sources.load_mix(recipes.load_recipe(str(path)), DataConfig(source="offline", eval_samples=1),
                       tmp_path)
 
 
@@ -186,7 +186,7 @@ def test_hub_loading_fails_with_offline_hint(tmp_path, monkeypatch):
                     "    fields: {prompt: question}\n"
                     "    hub: {path: draftkit-test/no-such-dataset, split: train}\n")
     with pytest.raises(DraftkitError, match="draftkit-test/no-such-dataset.*data.source=offline"):
-        data.load_mix(recipes.load_recipe(str(path)), DataConfig(source="hub"), tmp_path)
+        sources.load_mix(recipes.load_recipe(str(path)), DataConfig(source="hub"), tmp_path)
 
 
 def test_self_instruct_clean_and_filters():

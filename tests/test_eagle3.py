@@ -8,11 +8,11 @@ import pytest
 import torch
 from _eagle3_helpers import make_batch, make_model, make_spec
 
-from draftkit import losses
-from draftkit.errors import DraftkitError
-from draftkit.models.eagle3 import Eagle3Draft, read_target_tensors
-from draftkit.models.eagle3_layer import Rotary, apply_rope, ttt_mask
-from draftkit.vocab import DraftVocab
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts.eagle3 import losses
+from draftkit.drafts.eagle3.layer import Rotary, apply_rope, ttt_mask
+from draftkit.drafts.eagle3.model import Eagle3Draft, read_target_tensors
+from draftkit.drafts.eagle3.vocab import DraftVocab
 
 FLAGS = [(False, False, False, False), (True, False, False, False), (False, True, False, True),
          (True, False, True, True), (False, True, True, False)]
@@ -172,7 +172,7 @@ def test_rope_matches_transformers_llama3():
 
 @pytest.fixture(scope="module")
 def tiny_cfg():
-    from draftkit.init import resolve
+    from draftkit.core.init import resolve
 
     return resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256",
                                                     "draft.aux_layer_ids=[1,3,5]"])
@@ -184,7 +184,7 @@ def tiny_vocab():
 
 
 def test_from_run_config_copies_the_target(tiny_cfg, tiny_vocab, tiny_target):
-    from draftkit.target import capture, logits_from_last
+    from draftkit.target.capture import capture, logits_from_last
 
     model = Eagle3Draft.from_run_config(tiny_cfg, tiny_vocab, target_model=tiny_target.model)
     from_files = Eagle3Draft.from_run_config(tiny_cfg, tiny_vocab)
@@ -229,7 +229,7 @@ def test_save_then_load_gives_identical_logits(tmp_path, tiny_cfg, tiny_vocab):
 def test_full_vocab_checkpoint_has_no_d2t(tmp_path, tiny_target):
     from safetensors import safe_open
 
-    from draftkit.init import resolve
+    from draftkit.core.init import resolve
 
     cfg = resolve("tiny-llama", "math", overrides=["draft.aux_layer_ids=[1,3,5]"])
     model = Eagle3Draft.from_run_config(cfg, DraftVocab.full(512), target_model=tiny_target.model)
@@ -242,7 +242,7 @@ def test_full_vocab_checkpoint_has_no_d2t(tmp_path, tiny_target):
 
 
 def test_duplicate_or_unsorted_aux_ids_are_refused(tiny_vocab):
-    from draftkit.init import resolve
+    from draftkit.core.init import resolve
 
     for ids in ([2, 3, 3], [5, 1, 3]):  # init refuses these too; a hand-edited config may not
         cfg = resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256"])

@@ -4,7 +4,6 @@ export."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from itertools import pairwise
 from pathlib import Path
@@ -12,17 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftkit import artifacts, config, vllm_engine
-from draftkit.artifacts import RunPaths
-from draftkit.errors import DraftkitError
-from draftkit.evaluate import compare, evaluate
-from draftkit.init import init_run
-from draftkit.models.eagle3 import Eagle3Draft
-from draftkit.vocab import DraftVocab
+from draftkit.core import artifacts, config
+from draftkit.core.artifacts import RunPaths
+from draftkit.core.errors import DraftkitError
+from draftkit.core.init import init_run
+from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.eval.stage import compare, evaluate
+from draftkit.export import stage as export
+from draftkit.serving import vllm_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 
-export = importlib.import_module("draftkit.export")  # the module (draftkit.export is the function)
 
 AUX = [1, 3, 5]
 
@@ -126,7 +126,7 @@ def test_compare_reports_match_rate_and_first_divergence():
 
 
 def test_projection_formula_and_costs(tiny_target, run):
-    from draftkit.costs import add_projections, project, step_costs
+    from draftkit.eval.costs import add_projections, project, step_costs
 
     # tokens/step 1 + 0.5 + 0.25 = 1.75; time/step 1.2 + 2 * 0.1 = 1.4 target steps
     assert project([0.5, 0.25], 2, 1.0, 1.2, 0.1) == pytest.approx(1.75 / 1.4)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_evaluate import make_run
 
-from draftkit.evaluate import evaluate
+from draftkit.eval.stage import evaluate
 
 pytestmark = pytest.mark.vllm
 

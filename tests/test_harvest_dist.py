@@ -10,7 +10,7 @@ import sys
 import pytest
 from test_harvest import REPO, dir_bytes, make_run
 
-from draftkit.artifacts import RunPaths
+from draftkit.core.artifacts import RunPaths
 
 # accelerate 1.x runs one process for `--cpu --num_processes 2`; `--multi_gpu` spawns 2 ranks via
 # torchrun, which join a gloo group on a machine without CUDA.
@@ -29,7 +29,7 @@ def test_two_processes_write_the_same_bytes_as_one(tmp_path, tiny_target):
     tok = tiny_target.tokenizer
     one = make_run(tmp_path / "one", tok, n_train=40, n_eval=8, hi=160)
     two = make_run(tmp_path / "two", tok, n_train=40, n_eval=8, hi=160)
-    _run([sys.executable, "-m", "draftkit.harvest", str(one)])  # 1 process, torch's threads
+    _run([sys.executable, "-m", "draftkit.harvest.stage", str(one)])  # 1 process, torch's threads
     _run([*LAUNCH, "-m", "draftkit.cli", "harvest", str(two)])  # 2 processes
     a, b = dir_bytes(RunPaths(one).harvest), dir_bytes(RunPaths(two).harvest)
     assert len([k for k in a if k.endswith(".safetensors")]) >= 6

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import draftkit
-from draftkit import artifacts, config
-from draftkit.errors import DraftkitError
-from draftkit.shards import open_harvest
-from draftkit.train import plan_batches
+from draftkit import api
+from draftkit.core import artifacts, config
+from draftkit.core.errors import DraftkitError
+from draftkit.harvest.shards import open_harvest
+from draftkit.train.stage import plan_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = [
@@ -32,9 +32,9 @@ def run(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("life")
-    run = draftkit.init("tiny-llama", "math", name="life", runs_dir=root, overrides=OVERRIDES)
-    draftkit.prepare(run)
-    draftkit.harvest(run)
+    run = api.init("tiny-llama", "math", name="life", runs_dir=root, overrides=OVERRIDES)
+    api.prepare(run)
+    api.harvest(run)
     yield run
     torch.set_num_threads(threads)
 
@@ -45,7 +45,7 @@ def _history(train_dir):
 
 
 def test_offline_and_online_training_see_identical_batches(run):
-    out = draftkit.train(run)
+    out = api.train(run)
     offline = _history(out)
     assert (out / "best" / "meta.json").is_file()
     assert json.loads((out / "meta.json").read_text())["steps"] == 8
@@ -54,7 +54,7 @@ def test_offline_and_online_training_see_identical_batches(run):
 
     shutil.copytree(run / "data", online_run / "data")
     shutil.copy(run / "draftkit.yaml", online_run / "draftkit.yaml")
-    draftkit.train(online_run, overrides=["train.mode=online"])
+    api.train(online_run, overrides=["train.mode=online"])
     online = _history(artifacts.RunPaths(online_run).train)
     # the same batches and weights; online capture runs padded batches through the target,
     # which moves fp32 hidden states in the last bits only (harvest stores unpadded forwards)
@@ -67,7 +67,7 @@ def test_offline_and_online_training_see_identical_batches(run):
 def _trained(run):
     best = artifacts.RunPaths(run).train / "best"
     if not best.exists():
-        draftkit.train(run)
+        api.train(run)
     return best
 
 
@@ -102,8 +102,8 @@ def test_warm_start_resumes_from_the_head_and_its_vocab(run):
     # reversed counts: a vocab rebuilt from them would break the head's lm_head rows
     freqs = artifacts.RunPaths(warm).data / "token_freqs.safetensors"
     save_file({"counts": load_file(str(freqs))["counts"].flip(0).contiguous()}, str(freqs))
-    draftkit.train(warm, overrides=[*frozen, f"train.init_from={best}"])
-    draftkit.train(cold, overrides=frozen)
+    api.train(warm, overrides=[*frozen, f"train.init_from={best}"])
+    api.train(cold, overrides=frozen)
     got = _eval_metrics(artifacts.RunPaths(warm).train)
     for key in ("acc_0", "acc_1", "acc_2", "sim_al", "loss"):
         assert got[key] == pytest.approx(head[key], rel=1e-5), key
@@ -117,18 +117,18 @@ def test_warm_start_resumes_from_the_head_and_its_vocab(run):
 def test_warm_start_refuses_a_head_of_other_draft_settings(run):
     _trained(run)
     with pytest.raises(DraftkitError, match="norm_before_fc=False there, True here"):
-        draftkit.train(run, overrides=[f"train.init_from={run}", "draft.norm_before_fc=true"])
+        api.train(run, overrides=[f"train.init_from={run}", "draft.norm_before_fc=true"])
     with pytest.raises(DraftkitError, match="set draft.draft_vocab_size=256"):
-        draftkit.train(run, overrides=[f"train.init_from={run}", "draft.draft_vocab_size=128"])
+        api.train(run, overrides=[f"train.init_from={run}", "draft.draft_vocab_size=128"])
     with pytest.raises(DraftkitError, match="not an EAGLE-3 checkpoint"):
-        draftkit.train(run, overrides=[f"train.init_from={run.parent}"])
+        api.train(run, overrides=[f"train.init_from={run.parent}"])
 
 
 def test_extra_runs_add_their_harvest_to_the_train_data(run):
     other = _copy_run(run, "life-extra")
     one = ["train.max_steps=0", "train.epochs=1", "train.eval_every=1000", "train.save_every=1000"]
     both = _copy_run(run, "life-both")
-    out = draftkit.train(both, overrides=[*one, f"train.extra_runs=[{other}]"])
+    out = api.train(both, overrides=[*one, f"train.extra_runs=[{other}]"])
     # one epoch = the batch plan over both runs' sequences (each length now twice)
     lengths = open_harvest(artifacts.RunPaths(run).harvest).lengths()
     cfg = config.load(both)
@@ -141,30 +141,30 @@ def test_extra_runs_add_their_harvest_to_the_train_data(run):
     assert budget["train_samples"] == 2 * single["samples"]
     assert budget["harvest_tokens"] == 2 * sum(lengths) and budget["warm_start"] == []
     with pytest.raises(DraftkitError, match="twice or names this run itself"):
-        draftkit.train(both, overrides=[f"train.extra_runs=[{both}]"])
+        api.train(both, overrides=[f"train.extra_runs=[{both}]"])
     with pytest.raises(DraftkitError, match="not a run dir"):
-        draftkit.train(both, overrides=[f"train.extra_runs=[{run.parent}]"])
+        api.train(both, overrides=[f"train.extra_runs=[{run.parent}]"])
     with pytest.raises(DraftkitError, match="train.mode=offline"):
-        draftkit.train(both, overrides=[f"train.extra_runs=[{other}]", "train.mode=online"])
+        api.train(both, overrides=[f"train.extra_runs=[{other}]", "train.mode=online"])
 
 
 def test_train_refuses_harvest_of_other_layer_ids(run):
     with pytest.raises(DraftkitError, match="aux layer ids"):
-        draftkit.train(run, overrides=["draft.aux_layer_ids=[1,3,5]", "train.max_steps=1"])
+        api.train(run, overrides=["draft.aux_layer_ids=[1,3,5]", "train.max_steps=1"])
 
 
 def test_export_without_checkpoint_is_a_clear_error(tmp_path):
-    empty = draftkit.init("tiny-llama", "math", name="empty", runs_dir=tmp_path,
+    empty = api.init("tiny-llama", "math", name="empty", runs_dir=tmp_path,
                           overrides=["data.source=offline"])
     with pytest.raises(DraftkitError, match="draftkit train"):
-        draftkit.export(empty, overrides=["export.check=false"])
+        api.export(empty, overrides=["export.check=false"])
 
 
 @pytest.mark.vllm
 def test_export_is_served_by_vllm_with_matching_al(run):
     if not (artifacts.RunPaths(run).train / "best").exists():
-        draftkit.train(run)
-    out = draftkit.export(run, overrides=["export.check=true"])
+        api.train(run)
+    out = api.export(run, overrides=["export.check=true"])
     spec = json.loads((out / "speculative_config.json").read_text())
     assert spec == {"method": "eagle3", "model": str(out), "num_speculative_tokens": 3}
     cfg = json.loads((out / "config.json").read_text())

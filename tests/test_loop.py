@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from toy_fit import run  # noqa: E402
 
-from draftkit.loop import cosine_lambda, latest_checkpoint  # noqa: E402
+from draftkit.train.loop import cosine_lambda, latest_checkpoint  # noqa: E402
 
 
 def test_resume_after_crash_reproduces_the_loss_curve_and_weights(tmp_path):

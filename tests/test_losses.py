@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from draftkit import losses
+from draftkit.drafts.eagle3 import losses
 
 
 def _softmax(xs):

@@ -3,7 +3,6 @@ truncation/drop accounting, errors, HF regeneration end to end, and resume. CPU,
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 from collections import Counter
@@ -11,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from draftkit import chat_mask, config, recipes, regen, selfinstruct
-from draftkit.data import Dropped
-from draftkit.errors import DraftkitError
-from draftkit.init import init_run
-
-prepare = importlib.import_module("draftkit.prepare")  # `draftkit.prepare` is the API function
+from draftkit.core import config
+from draftkit.core.errors import DraftkitError
+from draftkit.core.init import init_run
+from draftkit.prepare import chat_mask, recipes, regen, selfinstruct
+from draftkit.prepare import stage as prepare
+from draftkit.prepare.sources import Dropped
 
 # Qwen3's rule: assistant turns after the last user message render their reasoning block
 # (an empty one if none); earlier assistant turns drop it.

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from draftkit.init import init_run
-
-prepare = importlib.import_module("draftkit.prepare")
+from draftkit.core.init import init_run
+from draftkit.prepare import stage as prepare
 
 RECIPE = Path(__file__).parent.parent / "data_recipes" / "math.yaml"
 

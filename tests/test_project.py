@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from draftkit.cli import run
-from draftkit.errors import DraftkitError
-from draftkit.project import project_step, render
+from draftkit.core.errors import DraftkitError
+from draftkit.rl.project import project_step, render
 
 
 def test_reproduces_the_nemo_rl_8b_synchronous_case():

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftkit import config, registry
-from draftkit.config import ConfigError, RunConfig
+from draftkit.core import config, registry
+from draftkit.core.config import ConfigError, RunConfig
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from draftkit import spec_decode
-from draftkit.errors import DraftkitError
-from draftkit.spec_decode import probs_from_logits, residual, speculative_decode, verify
+from draftkit.core.errors import DraftkitError
+from draftkit.eval import spec_decode
+from draftkit.eval.spec_decode import probs_from_logits, residual, speculative_decode, verify
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 

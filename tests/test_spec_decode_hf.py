@@ -10,19 +10,19 @@ from itertools import pairwise
 import pytest
 import torch
 
-from draftkit.models.eagle3 import Eagle3Draft
-from draftkit.spec_decode import (
+from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.eval.spec_decode import (
     Eagle3Drafter,
     HFDraftLM,
     HFTarget,
     greedy_decode,
     speculative_decode,
 )
-from draftkit.vocab import DraftVocab
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 
-init = importlib.import_module("draftkit.init")
+init = importlib.import_module("draftkit.core.init")
 
 AUX = [1, 3, 5]  # distinct ascending ids within tiny-llama's layers (vLLM collects each once)
 MAX_NEW = 24
@@ -127,7 +127,7 @@ def test_greedy_lossless_with_an_eagle3_head(tiny_target, prompts, reference, ea
 def test_eagle3_first_draft_matches_the_trainers_alignment(tiny_target, eagle3):
     """begin(x_0..x_{L-1}) must score what TTT step 0 scores at index L-2 (token x_{L-1} with
     feature h_{L-2}, position L-2), and extend() must not change the earlier rows."""
-    from draftkit.target import capture
+    from draftkit.target.capture import capture
 
     ids = torch.randint(3, 512, (9,), generator=torch.Generator().manual_seed(4))
     target = HFTarget(tiny_target.model, aux_layer_ids=AUX)

@@ -8,7 +8,7 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from draftkit import vllm_plugin
+from draftkit.serving import vllm_plugin
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64])
@@ -32,7 +32,7 @@ def test_probe_tells_a_lost_write_from_a_working_kernel():
 
 def test_registered_as_a_vllm_general_plugin():
     eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert eps.get("draftkit") == "draftkit.vllm_plugin:register"
+    assert eps.get("draftkit") == "draftkit.serving.vllm_plugin:register"
 
 
 def test_plugin_fixes_vllms_temperature_expansion():
@@ -79,8 +79,8 @@ def test_sampled_speculation_follows_the_target():
     vLLM-CPU accepted nothing (AL 1.0) and wrote unrelated words."""
     from transformers import AutoTokenizer
 
-    from draftkit import vllm_engine
-    from draftkit.target import target_dir
+    from draftkit.serving import vllm_engine
+    from draftkit.target.load import target_dir
 
     model = target_dir("smollm2-135m")
     tok = AutoTokenizer.from_pretrained(model)

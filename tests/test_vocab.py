@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftkit.errors import DraftkitError
-from draftkit.vocab import DraftVocab, end_of_turn_ids, validate
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts.eagle3.vocab import DraftVocab, end_of_turn_ids, validate
 
 
 def test_worked_example_from_the_docstring():

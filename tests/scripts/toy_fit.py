@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from draftkit.config import TrackingConfig, TrainConfig
-from draftkit.loop import fit
+from draftkit.core.config import TrackingConfig, TrainConfig
+from draftkit.train.loop import fit
 
 
 class Toy(torch.nn.Module):

@@ -1,0 +1,304 @@
+"""The one home for defaults: run-config dataclasses, YAML load/save and `key=value` overrides.
+
+A run is described by one `draftkit.yaml` (a `RunConfig`), written fully resolved by `init`
+and read by every later stage. Unknown keys and wrong types are errors that name the key.
+Templates in `configs/` are partial YAML layered over these defaults before `init` derives
+the target-dependent fields (aux ids, draft vocab, draft decoder shapes, optimizer scale).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from draftkit.core.errors import DraftkitError
+
+CONFIG_NAME = "draftkit.yaml"
+
+
+class ConfigError(DraftkitError, ValueError):
+    """A config file or override that does not fit the schema; the message names the key."""
+
+
+@dataclass
+class TargetConfig:
+    name: str = "smollm2-135m"  # registry name, hub id or local HF dir
+    hub_id: str = ""  # resolved Hugging Face id ('' for in-process/local targets)
+    revision: str = "main"  # hub revision recorded in every artifact's provenance
+    source: str = "hub"  # hub | gguf | random | local (see registry.py)
+    family: str = "llama"  # decoder family: llama | qwen3
+    architecture: str = "LlamaForCausalLM"
+    num_hidden_layers: int = 0
+    hidden_size: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    max_position_embeddings: int = 0
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    params_b: float = 0.0  # parameter count in billions
+    dtype: str = "auto"  # auto = bfloat16 on CUDA, float32 on CPU
+
+
+@dataclass
+class DraftConfig:
+    kind: str = "eagle3"  # eagle3 | draft-lm
+    num_speculative_tokens: int = 3  # k; 3 was best in the NeMo-RL study
+    aux_layer_ids: list[int] = field(default_factory=list)  # vLLM convention; [] = [2, N//2, N-3]
+    draft_vocab_size: int = 0  # 0 = derived from the target vocab (see init.draft_vocab_rule)
+    # The single decoder layer (speculators `transformer_layer_config`), derived from the target.
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    # Norm flags, written explicitly at export (vLLM defaults norm_before_residual to true).
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    model: str = ""  # draft-lm only: registry name or path of the small LM
+
+
+@dataclass
+class DataConfig:
+    recipe: str = "math"  # data_recipes/<recipe>.yaml
+    source: str = "hub"  # hub = the recipe's HF datasets; offline = its shipped/generated sample
+    max_samples: int = 0  # 0 = the recipe's own limit
+    eval_samples: int = 0  # 0 = the recipe's own held-out size
+    seed: int = 0
+    system_prompt: str = ""  # '' = the recipe's (or the chat template's default)
+    max_seq_len: int = 1024  # tokens per conversation after templating; longer are truncated
+    regenerate: bool = True  # rewrite assistant turns with the target
+    regen_engine: str = "vllm"  # vllm | hf
+    regen_temperature: float = 1.0  # RL samples at T~1
+    regen_top_p: float = 1.0
+    regen_max_new_tokens: int = 512
+    regen_batch_size: int = 64  # prompts per engine call (also the resume granularity)
+    regen_dtype: str = "bfloat16"  # vLLM dtype for regeneration and self-instruct
+    self_instruct: int = 0  # target-written prompts (Magpie-style) added to TRAIN before regen
+    self_instruct_temperature: float = 1.0  # sampling temperature for target-written prompts
+
+
+@dataclass
+class HarvestConfig:
+    shard_tokens: int = 16384  # tokens per safetensors shard
+    batch_tokens: int = 8192  # tokens per target forward (packed by length)
+    dtype: str = "bfloat16"  # storage dtype of hidden states
+    # false: a forward batches only equal-length sequences, so stored states are bit-identical
+    # to each sequence's unpadded forward; true: pad length-sorted batches (faster on GPU,
+    # last-bit fp32 differences from the padded attention reductions).
+    padding: bool = False
+    eval_sequences: int = 256  # first N prepared eval sequences harvested into harvest/eval (0 = all)
+
+
+@dataclass
+class TrainConfig:
+    mode: str = "offline"  # offline = from harvest shards; online = target in the loop
+    ttt_steps: int = 3  # training-time-test unroll depth
+    ttt_decay: float = 0.8  # loss weight of step i is decay**i
+    epochs: int = 4
+    max_steps: int = 0  # 0 = epochs decide
+    batch_tokens: int = 8192  # tokens per micro-batch (sequences packed by length)
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    max_grad_norm: float = 0.5
+    eval_every: int = 100  # optimizer steps
+    save_every: int = 100
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # autocast dtype; auto = bfloat16 on CUDA, float32 on CPU
+    # warm start: a speculators-format head (train/best, a checkpoint, an export, or a run dir =
+    # its train/best); its weights AND its draft vocab are the starting point (refresh jobs)
+    init_from: str = ""
+    # more offline train data: other runs (same target and aux layer ids) whose harvest joins
+    # this run's train shards and whose token counts join the draft vocab; eval stays this run's
+    extra_runs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalConfig:
+    engine: str = "vllm"  # reference | vllm | both
+    k_values: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    num_prompts: int = 32  # eval prompts from the recipe's held-out split
+    max_new_tokens: int = 256
+    dtype: str = "bfloat16"  # vLLM dtype for measurements
+    seed: int = 0
+    reference_prompts: int = 4  # prompts the torch reference decoder runs (no KV cache: slow)
+    results_dir: str = "results"  # where eval-<run>-<time>.{json,md,png} go (relative to cwd)
+
+
+@dataclass
+class ExportConfig:
+    out: str = ""  # '' = <run>/export
+    check: bool = True  # load the export in vLLM and compare AL with the simulated AL
+    check_prompts: int = 16
+    al_gap_warn: float = 0.5  # warn when |vLLM AL - simulated AL| exceeds this
+
+
+@dataclass
+class TrackingConfig:
+    backend: str = "wandb"  # wandb | none
+    project: str = "draftkit"
+    mode: str = "auto"  # auto = online with WANDB_API_KEY, else offline
+    log_every: int = 10
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    harvest: HarvestConfig = field(default_factory=HarvestConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- typed merge
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_value(key: str, tp: Any, value: Any) -> Any:
+    """Return `value` coerced to `tp` (int->float only) or raise ConfigError naming `key`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for opt in options:
+            if opt is type(None):
+                continue
+            try:
+                return _check_value(key, opt, value)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"config key {key!r} must be a list, got {value!r}")
+        return [_check_value(f"{key}[{i}]", item_tp, v) for i, v in enumerate(value)]
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key {key!r} must be a mapping, got {value!r}")
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise ConfigError(f"config key {key!r} must be true/false, got {value!r}")
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
+    if tp in (str, float) and not isinstance(value, tp):
+        raise ConfigError(f"config key {key!r} must be a {tp.__name__}, got {value!r}")
+    return value
+
+
+def merge(obj: Any, data: dict, prefix: str = "") -> Any:
+    """Apply a nested dict onto dataclass `obj` in place, validating keys and types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config section {prefix.rstrip('.') or '<root>'!r} must be a mapping")
+    hints = _hints(type(obj))
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in hints:
+            valid = ", ".join(hints)
+            raise ConfigError(f"unknown config key {full!r}; valid keys here: {valid}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            merge(current, value, prefix=f"{full}.")
+        else:
+            setattr(obj, key, _check_value(full, hints[key], value))
+    return obj
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """['train.lr=1e-4', 'eval.k_values=[1,3]'] -> nested dict (values parsed as YAML)."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. train.lr=1e-4)")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        if isinstance(value, str) and _looks_numeric(raw):
+            value = float(raw)
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _looks_numeric(raw: str) -> bool:
+    try:
+        float(raw)
+        return True
+    except ValueError:
+        return False
+
+
+def deep_update(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def from_dict(data: dict) -> RunConfig:
+    return merge(RunConfig(), data)
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Load a run config (a file or a run dir holding draftkit.yaml) plus overrides."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CONFIG_NAME
+    if not path.is_file():
+        raise ConfigError(
+            f"no run config at {path}; create one with `draftkit init --target NAME --data RECIPE`"
+        )
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from e
+    cfg = from_dict(data)
+    if overrides:
+        merge(cfg, parse_overrides(overrides))
+    return cfg
+
+
+def dump(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None)
+
+
+def run_dir_of(path: str | Path) -> Path:
+    """Run directory for a run path given on the command line (dir or its draftkit.yaml)."""
+    path = Path(path)
+    return path.parent if path.name == CONFIG_NAME else path

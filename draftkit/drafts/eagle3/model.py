@@ -1,0 +1,373 @@
+"""EAGLE-3 draft head: one decoder layer over [token embedding, fused target features].
+
+Parameter names are the speculators/vLLM checkpoint names (`fc`, `layers.0.*`, `norm`,
+`lm_head`, `d2t`, `t2d`, optional `input_norm`/`fc_norm.{i}`), so `save_pretrained` writes
+what vLLM loads with no renaming. `embed_tokens` is a frozen copy of the target's embedding
+(not exported: vLLM shares the target's). `verifier_norm` and `verifier_lm_head` are frozen
+copies of the target's final norm and FULL lm_head (the acc metric needs the full-vocab
+argmax), used only for the loss and never exported.
+
+Alignment (vLLM's proposer, v1/spec_decode): the target ran over x_0..x_n, giving aux features
+h_0..h_n, and sampled x_{n+1}. Draft input at index t is token x_{t+1} with feature fuse(h_t)
+at position t; its output predicts x_{t+2}. Draft step j>0 appends (draft token, own
+hidden_out) at position n+j. Training-time test (TTT) unrolls the same thing over a whole
+sequence; with T=6 and ttt_steps=3, index t=1:
+    step 0: token x_2, hidden fuse(h_1),            position 1 -> predicts x_3, target last[2]
+    step 1: token x_3, hidden step-0 hidden_out[1], position 2 -> predicts x_4, target last[3]
+    step 2: token x_4, hidden step-1 hidden_out[1], position 3 -> predicts x_5, target last[4]
+Departures from the paper/speculators: teacher-forced tokens at steps j>0 (as speculators);
+accuracy is measured against the verifier's full-vocab argmax; positions count only when the
+predicted token is an assistant token (loss_mask of the predicted token).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftkit.core import artifacts
+from draftkit.core.config import TrainConfig
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts.eagle3 import format as fmt
+from draftkit.drafts.eagle3 import losses
+from draftkit.drafts.eagle3.format import DraftSpec
+from draftkit.drafts.eagle3.layer import (
+    Eagle3Layer,
+    RMSNorm,
+    Rotary,
+    causal_mask,
+    rms_norm,
+    ttt_mask,
+)
+from draftkit.drafts.eagle3.vocab import DraftVocab
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+_TRAIN_DEFAULTS = TrainConfig()
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, spec: DraftSpec, vocab: DraftVocab,
+                 ttt_steps: int = _TRAIN_DEFAULTS.ttt_steps,
+                 ttt_decay: float = _TRAIN_DEFAULTS.ttt_decay, init_std: float = 0.02):
+        super().__init__()
+        if vocab.draft_size != spec.draft_vocab_size or vocab.target_size != spec.target_vocab_size:
+            raise DraftkitError(f"draft vocab {vocab.draft_size}/{vocab.target_size} does not "
+                                f"match the spec {spec.draft_vocab_size}/{spec.target_vocab_size}")
+        if ttt_steps < 1:
+            raise DraftkitError(f"train.ttt_steps must be >= 1, got {ttt_steps}")
+        self.spec, self.ttt_steps, self.ttt_decay = spec, ttt_steps, ttt_decay
+        h, ht, a, eps = spec.hidden_size, spec.target_hidden_size, spec.num_aux, spec.rms_norm_eps
+        self.embed_tokens = nn.Embedding(spec.target_vocab_size, h).requires_grad_(False)
+        self.input_norm = RMSNorm(a * ht, eps) if spec.norm_before_fc else None
+        self.fc_norm = nn.ModuleList([RMSNorm(ht, eps) for _ in range(a)]) if spec.fc_norm else None
+        self.fc = nn.Linear(a * ht, h, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(spec)])
+        self.norm = RMSNorm(h, eps)
+        self.lm_head = nn.Linear(h, spec.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", vocab.d2t.clone())
+        self.register_buffer("t2d", vocab.t2d.clone())
+        # Frozen parameters rather than buffers: DDP would re-broadcast a [V, H] buffer every step.
+        self.verifier_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        self.verifier_lm_head = nn.Parameter(torch.empty(0, h), requires_grad=False)
+        self.rotary = Rotary(spec)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=init_std)
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_run_config(cls, cfg, vocab: DraftVocab, target_model=None) -> Eagle3Draft:
+        """New head for a run: embedding + verifier parts from the target, lm_head = target
+        lm_head rows of the draft vocab. Without `target_model` the three tensors are read
+        from the target's safetensors (no full model load)."""
+        from draftkit.target.load import target_dir
+
+        hub = cfg.target.source == "hub" and cfg.target.hub_id
+        path = None if hub and target_model is not None else \
+            target_dir(cfg.target.name, cfg.target.revision)
+        verifier = cfg.target.hub_id if hub else str(Path(path).resolve())
+        spec = fmt.spec_from_run_config(cfg, vocab.draft_size, verifier)
+        model = cls(spec, vocab, cfg.train.ttt_steps, cfg.train.ttt_decay)
+        tensors = module_tensors(target_model) if target_model is not None \
+            else read_target_tensors(path)
+        model.load_target_tensors(*tensors, init_lm_head=True)
+        return model
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, target_model=None,
+                        ttt_steps: int = _TRAIN_DEFAULTS.ttt_steps,
+                        ttt_decay: float = _TRAIN_DEFAULTS.ttt_decay) -> Eagle3Draft:
+        """Load a speculators-format dir (ours or foreign); embedding/verifier from the target."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
+            raise DraftkitError(f"{directory} is not an EAGLE-3 checkpoint (needs {CONFIG_FILE} "
+                                f"and {WEIGHTS_FILE})")
+        spec = fmt.from_config(artifacts.read_json(directory / CONFIG_FILE))
+        tensors = load_file(str(directory / WEIGHTS_FILE))
+        fmt.check_state_dict(spec, tensors)
+        if "d2t" in tensors:
+            vocab = DraftVocab.from_d2t(tensors.pop("d2t").to(torch.int64),
+                                        spec.target_vocab_size)
+            tensors.pop("t2d", None)
+        else:
+            vocab = DraftVocab.full(spec.target_vocab_size)
+        model = cls(spec, vocab, ttt_steps, ttt_decay)
+        embed = tensors.pop("embed_tokens.weight", None)
+        if target_model is not None:
+            target = module_tensors(target_model)
+        else:
+            target = read_target_tensors(_target_path(spec))
+        model.load_target_tensors(*target, init_lm_head=False)
+        if embed is not None:
+            model.embed_tokens.weight.data.copy_(embed)
+        model.load_state_dict(tensors, strict=False)
+        return model
+
+    @torch.no_grad()
+    def load_target_tensors(self, embed: torch.Tensor, norm: torch.Tensor,
+                            lm_head: torch.Tensor, init_lm_head: bool) -> None:
+        """Copy the target's embedding [V, H], final norm [H] and lm_head [V, H]."""
+        shape = (self.spec.target_vocab_size, self.spec.hidden_size)
+        if tuple(embed.shape) != shape or tuple(lm_head.shape) != shape:
+            raise DraftkitError(f"target embedding/lm_head {tuple(embed.shape)}/"
+                                f"{tuple(lm_head.shape)} do not match the draft's {shape}: the "
+                                "draft belongs to another target")
+        like = {"dtype": self.embed_tokens.weight.dtype, "device": self.embed_tokens.weight.device}
+        self.embed_tokens.weight.data.copy_(embed)
+        self.verifier_norm = nn.Parameter(norm.detach().to(**like).clone(), requires_grad=False)
+        self.verifier_lm_head = nn.Parameter(lm_head.detach().to(**like).clone(),
+                                             requires_grad=False)
+        if init_lm_head:
+            self.lm_head.weight.data.copy_(lm_head[self.t2d.to(lm_head.device)])
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    # ----------------------------------------------------------------- inference interface
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [B, T, A*Ht] -> [B, T, H]: (input_norm | fc_norm per chunk) then fc."""
+        x = aux.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        if self.fc_norm is not None:
+            chunks = x.chunk(len(self.fc_norm), dim=-1)  # A x [B, T, Ht]
+            x = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(x)
+
+    def step(self, input_ids: torch.Tensor, hidden: torch.Tensor,
+             positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One causal pass over whole sequences (no cache).
+
+        input_ids [B, S], hidden [B, S, H] (row s: fused target features or an earlier
+        hidden_out), positions [B, S] -> (logits [B, S, Vd], hidden_out [B, S, H]).
+        """
+        layer = self.layers[0]
+        cos, sin = self.rotary(positions, hidden.dtype)
+        q, k, v, residual = layer.begin(self.embed_tokens(input_ids), hidden, cos, sin)
+        out = layer.self_attn.attend(q, k, v, causal_mask(input_ids.shape[1], input_ids.device))
+        return self._head(layer.end(out, residual))
+
+    def _head(self, prenorm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        post = self.norm(prenorm)  # [B, T, H]
+        return self.lm_head(post), (post if self.spec.norm_output else prenorm)
+
+    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.d2t[ids]
+
+    def target_logits(self, logits_d: torch.Tensor) -> torch.Tensor:
+        """[..., Vd] -> [..., V], -inf outside the draft vocab (vLLM's compute_logits)."""
+        out = logits_d.new_full((*logits_d.shape[:-1], self.spec.target_vocab_size),
+                                float("-inf"))
+        out[..., self.draft_to_target(torch.arange(logits_d.shape[-1], device=out.device))] = \
+            logits_d
+        return out
+
+    # ----------------------------------------------------------------- training
+
+    @torch.no_grad()
+    def verifier_targets(self, last: torch.Tensor, where: torch.Tensor | None = None,
+                         full_vocab: bool = True,
+                         chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+        """last [B, T, H] (target pre-norm) -> (verifier logits on the draft vocab [B, T, Vd],
+        verifier argmax over the full vocab [B, T] as target ids); chunked over tokens.
+        With `where` [B, T] bool, only those positions are computed (others: 0 logits, id -1)."""
+        if self.verifier_lm_head.numel() == 0:
+            raise DraftkitError("the verifier lm_head is not loaded; build the model with "
+                                "Eagle3Draft.from_run_config or from_pretrained")
+        b, t, h = last.shape
+        if where is None:
+            where = torch.ones(b, t, dtype=torch.bool, device=last.device)
+        # The KL needs only the draft-vocab rows; the full-vocab argmax behind the acc metrics
+        # costs 4-12x more. forward() asks for it in eval mode only, so train-step acc_j is vs
+        # the draft-vocab argmax (logged approximation; eval/best-checkpoint metrics are exact).
+        draft_only = not full_vocab
+        head = self.verifier_lm_head[self.t2d] if draft_only else self.verifier_lm_head
+        to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
+                                                      device=last.device))  # [Vd]
+        logits_d, ids = [], []
+        for piece in last[where].split(chunk):  # [n, H]
+            normed = rms_norm(piece.to(head.dtype), self.verifier_norm, self.spec.rms_norm_eps)
+            logits = F.linear(normed, head)  # [n, V] (eval) or [n, Vd] (train)
+            if draft_only:
+                ids.append(to_target[logits.argmax(-1)])
+                logits_d.append(logits)
+            else:
+                ids.append(logits.argmax(-1))
+                logits_d.append(logits[:, self.t2d])  # [n, Vd]; t2d order == draft id order
+        out_logits = last.new_zeros(b, t, self.spec.draft_vocab_size, dtype=torch.float32)
+        out_ids = torch.full((b, t), -1, dtype=torch.long, device=last.device)
+        if logits_d:
+            out_logits[where] = torch.cat(logits_d).float()  # fp32 even under autocast
+            out_ids[where] = torch.cat(ids)
+        return out_logits, out_ids
+
+    def ttt_unroll(self, aux: torch.Tensor, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """Draft logits of every TTT step: ttt_steps x [B, T, Vd]; step j at index t drafts
+        x_{t+2+j} from token x_{t+1+j} (teacher-forced) at position t+j."""
+        return [self.lm_head(post) for post in self.ttt_states(aux, input_ids, attention_mask)]
+
+    def ttt_states(self, aux: torch.Tensor, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """The normed lm_head inputs of every TTT step: ttt_steps x [B, T, H] (see ttt_unroll);
+        training applies lm_head only where a position counts, the costliest matmul."""
+        valid = attention_mask.bool()  # [B, T]
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, T]
+        hidden = self.fuse(aux)  # [B, T, H]: step-0 features fuse(h_t)
+        mask = ttt_mask(valid, self.ttt_steps)  # [B, 1, T, steps*T]
+        layer, t = self.layers[0], input_ids.shape[1]
+        keys, values, states = [], [], []
+        for j in range(self.ttt_steps):
+            cos, sin = self.rotary(positions + j, hidden.dtype)  # position t+j
+            embeds = self.embed_tokens(_shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
+            q, k, v, residual = layer.begin(embeds, hidden, cos, sin)
+            keys.append(k)
+            values.append(v)
+            out = layer.self_attn.attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
+                                         mask[..., : (j + 1) * t])  # keys [B, nKV, (j+1)T, hd]
+            prenorm = layer.end(out, residual)  # [B, T, H]
+            post = self.norm(prenorm)
+            states.append(post)
+            hidden = post if self.spec.norm_output else prenorm  # next step's hidden
+        return states
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """TTT loss over a padded batch: aux [B,T,A*Ht], last [B,T,H], input_ids [B,T],
+        loss_mask [B,T], attention_mask [B,T] (one sequence per row, any padding side)."""
+        valid = batch["attention_mask"].bool()  # [B, T]
+        learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
+        # the verifier is needed only at positions p whose next token x_{p+1} is learned
+        need = valid & _shift(learn, 1)  # [B, T]
+        tgt_logits, tgt_ids = self.verifier_targets(  # [B, T, Vd], [B, T]
+            batch["last"], where=need, full_vocab=not self.training)
+        states = self.ttt_states(batch["aux"], batch["input_ids"], valid)  # steps x [B, T, H]
+        to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
+                                                      device=valid.device))  # [Vd]
+        kl_sums, counts = [], []
+        chain_ok = torch.ones_like(valid)  # steps < j all correct at this index
+        for j, post in enumerate(states):
+            # index t predicts x_{t+2+j} (counts if it exists and is an assistant token);
+            # the verifier's distribution for it comes from last[t+1+j]
+            step_valid = valid & _shift(learn, 2 + j)  # [B, T]
+            picked = self.lm_head(post[step_valid])  # [N, Vd]: only the positions that count
+            logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)  # [B,T,Vd]
+            logits = logits.index_put((step_valid,), picked)
+            kl_sum, c, correct = losses.step_terms(
+                logits, _shift(tgt_logits, 1 + j), _shift(tgt_ids, 1 + j), to_target,
+                step_valid, chain_ok)
+            chain_ok = chain_ok & correct
+            kl_sums.append(kl_sum)
+            counts.append(c)
+        return losses.combine(kl_sums, counts, self.ttt_decay)
+
+    # ----------------------------------------------------------------- save
+
+    def export_state_dict(self, include_embed: bool = False) -> dict[str, torch.Tensor]:
+        """The checkpoint tensors (vLLM names); d2t/t2d only for a reduced vocab."""
+        out = {}
+        for name, tensor in self.state_dict().items():
+            if name in ("verifier_norm", "verifier_lm_head") or (
+                    name == "embed_tokens.weight" and not include_embed):
+                continue
+            if name in ("d2t", "t2d") and self.spec.draft_vocab_size == self.spec.target_vocab_size:
+                continue
+            out[name] = tensor.detach().cpu().contiguous()
+        return out
+
+    def save_pretrained(self, directory: str | Path, include_embed: bool = False) -> Path:
+        """Write speculators-format config.json + model.safetensors (files written atomically)."""
+        from safetensors.torch import save
+
+        directory = Path(directory)
+        tensors = self.export_state_dict(include_embed)
+        fmt.check_state_dict(self.spec, tensors)
+        directory.mkdir(parents=True, exist_ok=True)
+        artifacts.write_bytes_atomic(directory / WEIGHTS_FILE,
+                                     save(tensors, metadata={"format": "pt"}))
+        artifacts.write_json_atomic(directory / CONFIG_FILE, fmt.to_config(self.spec))
+        return directory
+
+
+def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
+    """x[:, i] <- x[:, i+s] along dim 1, zero/False-filled at the end: [B, T, ...] -> same."""
+    if s >= x.shape[1]:
+        return torch.zeros_like(x)
+    return torch.cat([x[:, s:], torch.zeros_like(x[:, :s])], dim=1)
+
+
+def module_tensors(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(embed [V,H], final norm [H], lm_head [V,H]) of a loaded HF *ForCausalLM."""
+    base = getattr(model, "model", model)
+    return base.embed_tokens.weight, base.norm.weight, model.lm_head.weight
+
+
+def read_target_tensors(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same three tensors read straight from an HF dir's safetensors (tied lm_head ->
+    the embedding)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        where = {k: path / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    else:
+        files = sorted(path.glob("*.safetensors"))
+        where = {}
+        for f in files:
+            with safe_open(str(f), "pt") as sf:
+                where.update({k: f for k in sf.keys()})
+    names = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
+             "lm_head": "lm_head.weight"}
+    if names["embed"] not in where or names["norm"] not in where:
+        raise DraftkitError(f"{path} holds no model.embed_tokens/model.norm weights; pass a "
+                            "plain HF *ForCausalLM dir as the target")
+
+    def get(name: str) -> torch.Tensor:
+        with safe_open(str(where[name]), "pt") as sf:
+            return sf.get_tensor(name).float()
+
+    embed = get(names["embed"])
+    lm_head = get(names["lm_head"]) if names["lm_head"] in where else embed
+    return embed, get(names["norm"]), lm_head
+
+
+def _target_path(spec: DraftSpec) -> Path:
+    from draftkit.core import registry
+    from draftkit.target.load import target_dir
+
+    name = spec.target_name or spec.verifier_name_or_path
+    if not name:
+        raise DraftkitError("the checkpoint names no verifier; pass target_model= to "
+                            "Eagle3Draft.from_pretrained")
+    if registry.lookup(name) is None and Path(spec.verifier_name_or_path).is_dir():
+        name = spec.verifier_name_or_path
+    return target_dir(name)

@@ -1,8 +1,0 @@
-"""The error every stage raises for bad input: the message names the problem and the fix.
-
-The CLI prints these as one `error: ...` line (exit 2) instead of a traceback.
-"""
-
-
-class DraftkitError(Exception):
-    """Bad input or state that the user can fix; the message says how."""

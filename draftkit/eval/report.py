@@ -1,0 +1,143 @@
+"""Eval report files: JSON, a Markdown table and PNG plots (matplotlib Agg), all from one report
+dict (evaluate.py). Written to `eval.results_dir/eval-<run>-<time>.*`; the JSON and Markdown
+are copied into `<run>/eval/` with a meta.json."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from draftkit.core import artifacts
+
+PLOTS = ("per_position", "al_vs_k", "speedup_vs_k")
+
+
+def write(rep: dict, cfg, paths) -> dict:
+    """Write every file; returns {kind: path} (also stored in rep["files"])."""
+    out_dir = Path(cfg.eval.results_dir).expanduser()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = out_dir / f"eval-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    files = {"json": str(base.with_suffix(".json")), "md": str(base.with_suffix(".md"))}
+    files.update(plots(rep, base))
+    rep["files"] = files
+    md = markdown(rep)
+    artifacts.write_json_atomic(files["json"], rep)
+    artifacts.write_text_atomic(files["md"], md)
+    artifacts.write_json_atomic(paths.eval / Path(files["json"]).name, rep)
+    artifacts.write_text_atomic(paths.eval / Path(files["md"]).name, md)
+    artifacts.write_meta(paths.eval, "eval", cfg.to_dict(), rep.get("timings"), files=files)
+    return files
+
+
+# ----------------------------------------------------------------------------- markdown
+
+
+def _f(x, fmt: str = ".2f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _pos(values: list[float] | None) -> str:
+    return " / ".join(f"{v:.2f}" for v in values or []) or "–"
+
+
+def markdown(rep: dict) -> str:
+    s = rep["settings"]
+    lines = [f"# draftkit eval: {rep['run']}", "",
+             f"target `{rep['target']['name']}`, draft `{rep['draft']['kind']}` "
+             f"({rep['draft']['dir']}), {s['prompts']} eval prompts (mean "
+             f"{s['mean_prompt_tokens']:.0f} tokens), max_new_tokens {s['max_new_tokens']}, "
+             f"vLLM dtype {s['dtype']} (reference decoder and costs: torch fp32), seed "
+             f"{s['seed']}, {rep['created']}", ""]
+    if "vllm" in rep:
+        lines += ["## vLLM", "",
+                  "| method | k | T | batch | AL | acceptance per position | tok/s | speedup "
+                  "| projected |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in rep["vllm"]["rows"]:
+            lines.append(f"| {r['method']} | {r['k'] or '–'} | {r['temperature']:g} | "
+                         f"{r['batch_size']} | {_f(r.get('acceptance_length'))} | "
+                         f"{_pos(r.get('per_position'))} | {r['tokens_per_s']:.1f} | "
+                         f"{_f(r['speedup'])}x | {_f(r.get('projected_speedup'))} |")
+        lines += ["", "AL = 1 + accepted / drafts; acceptance at position i = accepted_i / "
+                  "drafts; speedup = tok/s over no speculation at the same T and batch. "
+                  "projected = (1 + Σ a_i) · c_target / (c_verify(k) + k · c_draft), costs timed "
+                  f"in torch at context {rep['costs']['context_tokens']} tokens (costs.py).", ""]
+        lines += _lossless(rep["lossless_vllm"])
+    if "reference" in rep:
+        lines += ["## Reference decoder (torch)", "",
+                  "| k | T | prompts | AL | acceptance per position | tokens |",
+                  "|---|---|---|---|---|---|"]
+        for r in rep["reference"]["rows"]:
+            lines.append(f"| {r['k']} | {r['temperature']:g} | {r['prompts']} | "
+                         f"{_f(r['acceptance_length'])} | {_pos(r['per_position'])} | "
+                         f"{r['output_tokens']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _lossless(x: dict) -> list[str]:
+    div = x["first_divergence"]
+    where = (f"; mismatching sequences first diverge at token {div['min']} (min), "
+             f"{div['median']} (median), {div['mean']:.1f} (mean)") if div else ""
+    return ["## Lossless check (vLLM, fp32, greedy)", "",
+            f"{x['exact']}/{x['sequences']} sequences token-exact ({x['match_rate']:.0%}) with "
+            f"the draft at k={x['k']} vs no speculation, batch {x['batch_size']} "
+            f"({x['source']}){where}.", ""]
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _series(rep: dict) -> dict[str, list[dict]]:
+    """Rows grouped per curve label (method, T, batch), speculative rows only."""
+    rows = [r for r in rep.get("vllm", {}).get("rows", []) if r["method"] != "none"]
+    rows += rep.get("reference", {}).get("rows", [])
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(f"{r['method']} T={r['temperature']:g} b={r['batch_size']}", []).append(r)
+    return {k: sorted(v, key=lambda r: r["k"]) for k, v in out.items()}
+
+
+def plots(rep: dict, base: Path) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    series = _series(rep)
+    files = {}
+    for kind in PLOTS:
+        if kind == "speedup_vs_k" and "vllm" not in rep:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for label, rows in series.items():
+            _draw(ax, kind, label, rows)
+        ax.set_title(f"{rep['run']}: {kind.replace('_', ' ')}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        path = base.parent / f"{base.name}-{kind}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        files[kind] = str(path)
+    return files
+
+
+def _draw(ax, kind: str, label: str, rows: list[dict]) -> None:
+    ks = [r["k"] for r in rows]
+    if kind == "per_position":  # the largest k of the curve: a_1..a_k
+        r = rows[-1]
+        ax.plot(range(1, len(r["per_position"]) + 1), r["per_position"], "o-",
+                label=f"{label} k={r['k']}")
+        ax.set(xlabel="draft position", ylabel="accepted / drafts", ylim=(0, 1.05))
+    elif kind == "al_vs_k":
+        ax.plot(ks, [r["acceptance_length"] for r in rows], "o-", label=label)
+        ax.set(xlabel="k (draft tokens per step)", ylabel="acceptance length")
+    elif "speedup" in rows[0]:
+        line = ax.plot(ks, [r["speedup"] for r in rows], "o-", label=f"{label} measured")[0]
+        ax.plot(ks, [r.get("projected_speedup") or float("nan") for r in rows], "x--",
+                color=line.get_color(), label=f"{label} projected")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set(xlabel="k (draft tokens per step)", ylabel="speedup vs no speculation")

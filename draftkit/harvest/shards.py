@@ -1,0 +1,334 @@
+"""Harvest shard format: plan, write, verify and read safetensors shards of target hidden states.
+
+One harvest dir per split (train in `<run>/harvest`, eval in `<run>/harvest/eval`), same format:
+
+    shard-00000.safetensors     aux [T, A*H], last [T, H] (storage dtype), input_ids [T] int64,
+                                loss_mask [T] int64, seq_lens [S] int64, sample_idx [S] int64;
+                                whole sequences stored contiguously in dataset order
+    .progress/shard-00000.json  sidecar written (atomically) after its shard: sha256, counts and
+                                the fingerprint of the data + settings the shard was made from
+    manifest.json               written last, by rank 0, once every shard is verified
+
+Shard boundaries are a pure function of the sequence lengths and `harvest.shard_tokens` (never
+of the process count), so any number of processes writes the same bytes. A shard is first
+written to a temp name and renamed, so a partial shard never carries the final name; a shard
+counts as done only if its sidecar's fingerprint is the current one and its sha256 matches.
+`open_harvest` checks the manifest against what the caller expects (target, aux layer ids,
+data fingerprint) and the sha256 of every shard before any tensor is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from draftkit.core import artifacts
+from draftkit.core.errors import DraftkitError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PROGRESS = ".progress"
+STORE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class HarvestError(DraftkitError):
+    """A harvest dir that is missing, incomplete, corrupted or made for another target/config."""
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def store_dtype(name: str) -> torch.dtype:
+    if name not in STORE_DTYPES:
+        raise DraftkitError(f"harvest.dtype={name!r} is not a storage dtype; choose one of "
+                            f"{', '.join(STORE_DTYPES)}")
+    return STORE_DTYPES[name]
+
+
+def bytes_per_token(num_aux: int, hidden: int, dtype: str) -> int:
+    """Hidden-state bytes per stored token: (A aux + 1 last) * H * itemsize (ids not counted)."""
+    return (num_aux + 1) * hidden * store_dtype(dtype).itemsize
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def plan_shards(lengths: list[int], shard_tokens: int) -> list[list[int]]:
+    """Rows grouped into shards of whole sequences, in order, ~shard_tokens tokens each.
+
+    A shard closes before the sequence that would push it past shard_tokens; a sequence longer
+    than shard_tokens gets a shard of its own. E.g. lengths [5, 4, 3, 9], shard_tokens 8 ->
+    [[0], [1, 2], [3]].
+    """
+    plan: list[list[int]] = []
+    cur: list[int] = []
+    tokens = 0
+    for row, n in enumerate(lengths):
+        if cur and tokens + n > shard_tokens:
+            plan.append(cur)
+            cur, tokens = [], 0
+        cur.append(row)
+        tokens += n
+    if cur:
+        plan.append(cur)
+    return plan
+
+
+def fingerprint(ds, settings: dict) -> str:
+    """sha256 over the dataset rows that are harvested (ids, input_ids, loss_mask) + settings."""
+    import pyarrow.compute as pc
+
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    h.update(str(len(ds)).encode())
+    for table in ds.select_columns(["id", "input_ids", "loss_mask"]).with_format("arrow").iter(
+            batch_size=4096):
+        h.update("\x00".join(map(str, table.column("id").to_pylist())).encode())
+        for name in ("input_ids", "loss_mask"):
+            col = table.column(name)
+            h.update(pc.list_value_length(col).to_numpy(zero_copy_only=False).astype("int64"))
+            h.update(pc.list_flatten(col).to_numpy(zero_copy_only=False).astype("int64"))
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _sidecar(directory: Path, index: int) -> Path:
+    return directory / PROGRESS / f"{shard_name(index).removesuffix('.safetensors')}.json"
+
+
+def write_shard(directory: Path, index: int, tensors: dict[str, torch.Tensor],
+                data_fingerprint: str) -> dict:
+    """Write one shard atomically, then its sidecar; returns the manifest entry."""
+    from safetensors.torch import save
+
+    blob = save({k: v.contiguous() for k, v in tensors.items()},
+                # one key: safetensors writes a multi-key metadata map in hash order
+                metadata={"draftkit": json.dumps({"format": FORMAT_VERSION, "shard": index,
+                                                  "data_fingerprint": data_fingerprint})})
+    entry = {"file": shard_name(index), "sha256": hashlib.sha256(blob).hexdigest(),
+             "tokens": int(tensors["input_ids"].numel()),
+             "sequences": int(tensors["seq_lens"].numel())}
+    artifacts.write_bytes_atomic(directory / shard_name(index), blob)
+    artifacts.write_json_atomic(_sidecar(directory, index),
+                                {**entry, "data_fingerprint": data_fingerprint})
+    return entry
+
+
+def verified_entry(directory: Path, index: int, data_fingerprint: str) -> dict | None:
+    """The manifest entry of a finished shard made from `data_fingerprint`, else None (redo)."""
+    side, path = _sidecar(directory, index), directory / shard_name(index)
+    if not side.is_file() or not path.is_file():
+        return None
+    try:
+        rec = artifacts.read_json(side)
+    except (OSError, ValueError):
+        return None
+    if rec.get("data_fingerprint") != data_fingerprint:
+        return None
+    if artifacts.sha256_file(path) != rec.get("sha256"):
+        return None
+    return {k: rec[k] for k in ("file", "sha256", "tokens", "sequences")}
+
+
+def clean_dir(directory: Path, num_shards: int, data_fingerprint: str) -> bool:
+    """Prepare `directory` for a (re)harvest; True if an older harvest of other data was found.
+
+    Removes temp files of killed writes, shards beyond `num_shards` and, when the manifest's
+    fingerprint differs (changed data or settings), the manifest: its shards are then redone
+    because their sidecars carry the old fingerprint.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / PROGRESS).mkdir(exist_ok=True)
+    for tmp in [*directory.glob(".*.tmp"), *(directory / PROGRESS).glob(".*.tmp")]:
+        tmp.unlink(missing_ok=True)
+    for path in directory.glob("shard-*.safetensors"):
+        index = int(path.stem.split("-")[1])
+        if index >= num_shards:
+            path.unlink(missing_ok=True)
+            _sidecar(directory, index).unlink(missing_ok=True)
+    manifest = directory / MANIFEST
+    stale = False
+    if manifest.is_file():
+        try:
+            stale = artifacts.read_json(manifest).get("data_fingerprint") != data_fingerprint
+        except (OSError, ValueError):
+            stale = True
+        if stale:
+            manifest.unlink()
+    return stale
+
+
+def write_manifest(directory: Path, header: dict, entries: list[dict]) -> dict:
+    manifest = {
+        "format": FORMAT_VERSION,
+        **header,
+        "shards": entries,
+        "total_tokens": sum(e["tokens"] for e in entries),
+        "total_sequences": sum(e["sequences"] for e in entries),
+        "complete": True,
+    }
+    artifacts.write_json_atomic(directory / MANIFEST, manifest)
+    return manifest
+
+
+# ----------------------------------------------------------------------------- reading
+
+_FIX = "rerun `draftkit harvest RUN` (verified shards are kept, the others are redone)"
+
+
+class HarvestSet:
+    """Read access to a verified harvest dir: sequences in stored order or by index.
+
+    Each shard is sha256-checked before its first tensor is read (all at `open_harvest` unless
+    `lazy=True`). Sequences are sliced from memory-mapped shards with `safe_open`.
+    """
+
+    def __init__(self, directory: Path, manifest: dict):
+        self.dir = Path(directory)
+        self.manifest = manifest
+        self.aux_layer_ids: list[int] = list(manifest["aux_layer_ids"])
+        self.hidden_size: int = int(manifest["target"]["hidden_size"])
+        self.dtype: str = manifest["dtype"]
+        self._verified: set[int] = set()
+        self._handles: dict[int, object] = {}
+        self._index: list[tuple[int, int, int]] = []  # sequence -> (shard, start, end)
+        self._sample_idx: list[int] = []
+
+    def __len__(self) -> int:
+        return int(self.manifest["total_sequences"])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.manifest["total_tokens"])
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.manifest["shards"])
+
+    def lengths(self) -> list[int]:
+        return [end - start for _, start, end in self._index]
+
+    def sample_indices(self) -> list[int]:
+        """Row in the prepared split of each stored sequence."""
+        return list(self._sample_idx)
+
+    def verify(self, indices: list[int] | None = None) -> None:
+        """sha256 of each shard against the manifest; HarvestError naming the first bad shard."""
+        for i in range(self.num_shards) if indices is None else indices:
+            if i in self._verified:
+                continue
+            entry = self.manifest["shards"][i]
+            path = self.dir / entry["file"]
+            if not path.is_file():
+                raise HarvestError(f"harvest shard {path} is missing; {_FIX}")
+            if artifacts.sha256_file(path) != entry["sha256"]:
+                raise HarvestError(f"harvest shard {path} is corrupted (sha256 differs from "
+                                   f"{self.dir / MANIFEST}); delete it and {_FIX}")
+            self._verified.add(i)
+
+    def _handle(self, shard: int):
+        """The open (memory-mapped) shard, sha256-verified before its first use."""
+        self.verify([shard])
+        if shard not in self._handles:
+            self._handles[shard] = self._open(shard)
+        return self._handles[shard]
+
+    def _open(self, shard: int):
+        from safetensors import safe_open
+
+        path = self.dir / self.manifest["shards"][shard]["file"]
+        try:
+            return safe_open(path, framework="pt")
+        except Exception as e:  # safetensors raises several types
+            raise HarvestError(f"harvest shard {path} cannot be read ({e}); {_FIX}") from e
+
+    def _build_index(self) -> None:
+        """Sequence -> (shard, start, end) from each shard's seq_lens (checked vs the manifest)."""
+        width = len(self.aux_layer_ids) * self.hidden_size
+        for i, entry in enumerate(self.manifest["shards"]):
+            f = self._handles.get(i) or self._open(i)  # lazy: not yet verified, header only
+            if i in self._verified:
+                self._handles[i] = f
+            try:
+                lens = f.get_tensor("seq_lens").tolist()
+                sample_idx = f.get_tensor("sample_idx").tolist()
+                aux_shape = list(f.get_slice("aux").get_shape())
+            except Exception as e:  # safetensors raises several types
+                raise HarvestError(f"harvest shard {self.dir / entry['file']} cannot be read "
+                                   f"({e}); {_FIX}") from e
+            if sum(lens) != entry["tokens"] or len(lens) != entry["sequences"] or (
+                    aux_shape != [entry["tokens"], width]):
+                raise HarvestError(f"harvest shard {self.dir / entry['file']} does not match "
+                                   f"its manifest entry (tokens/sequences/shape); {_FIX}")
+            start = 0
+            for n in lens:
+                self._index.append((i, start, start + n))
+                start += n
+            self._sample_idx += sample_idx
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        """Sequence i: aux [T, A*H], last [T, H] (storage dtype), input_ids [T], loss_mask [T]."""
+        shard, start, end = self._index[i]
+        f = self._handle(shard)
+        return {name: f.get_slice(name)[start:end]
+                for name in ("aux", "last", "input_ids", "loss_mask")}
+
+    def sequences(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Every sequence in stored order (= the prepared split's order)."""
+        for i in range(len(self)):
+            yield self[i]
+
+    def shard(self, index: int) -> dict[str, torch.Tensor]:
+        """All tensors of one shard (bulk reads: one call instead of one per sequence)."""
+        f = self._handle(index)
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
+def _check_expectations(directory: Path, manifest: dict, target_name: str | None,
+                        aux_layer_ids: list[int] | None, data_fingerprint: str | None) -> None:
+    have = manifest["target"]["name"]
+    if target_name is not None and target_name != have:
+        raise HarvestError(f"harvest at {directory} was made with target {have!r}, not "
+                           f"{target_name!r}; {_FIX} for this run's target")
+    if aux_layer_ids is not None and list(aux_layer_ids) != list(manifest["aux_layer_ids"]):
+        raise HarvestError(f"harvest at {directory} holds aux layer ids "
+                           f"{manifest['aux_layer_ids']}, but {list(aux_layer_ids)} were asked "
+                           f"for (draft.aux_layer_ids); {_FIX} with the current config")
+    if data_fingerprint is not None and data_fingerprint != manifest["data_fingerprint"]:
+        raise HarvestError(f"harvest at {directory} was made from other prepared data or harvest "
+                           f"settings (fingerprint {manifest['data_fingerprint'][:12]} != "
+                           f"{data_fingerprint[:12]}); {_FIX}")
+
+
+def open_harvest(harvest_dir: str | Path, target_name: str | None = None,
+                 aux_layer_ids: list[int] | None = None, data_fingerprint: str | None = None,
+                 lazy: bool = False) -> HarvestSet:
+    """Open a complete harvest dir, checking it against the expectations that are given.
+
+    Raises HarvestError when the manifest is missing/incomplete, was made for another target,
+    other aux layer ids or other data, or when a shard's sha256 fails (at open, or at the
+    shard's first read with lazy=True).
+    """
+    directory = Path(harvest_dir)
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise HarvestError(f"no complete harvest at {directory} (no {MANIFEST}); {_FIX}")
+    try:
+        manifest = artifacts.read_json(path)
+    except ValueError as e:
+        raise HarvestError(f"{path} is not valid JSON ({e}); {_FIX}") from e
+    if not manifest.get("complete") or manifest.get("format") != FORMAT_VERSION:
+        raise HarvestError(f"harvest at {directory} is incomplete or of another format "
+                           f"version (want {FORMAT_VERSION}); {_FIX}")
+    _check_expectations(directory, manifest, target_name, aux_layer_ids, data_fingerprint)
+    hs = HarvestSet(directory, manifest)
+    if not lazy:
+        hs.verify()
+    hs._build_index()
+    return hs

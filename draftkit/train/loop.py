@@ -1,0 +1,265 @@
+"""One generic train loop for every draft kind: the model's `forward(batch) -> (loss, metrics)`.
+
+It owns what every draft needs and nothing model-specific: accelerate (DDP/FSDP on GPUs, gloo
+with `--cpu` here), gradient accumulation, AdamW with a cosine schedule and warmup, periodic
+checkpoints that resume *exactly* (same batches, same RNG, same loss curve), evaluation with
+best-checkpoint selection, wandb logging (offline without a key) and a tqdm progress line.
+
+Batches come from `batches(epoch) -> Sequence[batch]` (indexed lazily), a pure function of the epoch, so a resumed
+run re-derives the same order and skips what it already consumed. Each rank takes every
+`world`-th micro-batch. A checkpoint dir is complete once its `meta.json` exists (written last).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftkit.core import artifacts
+from draftkit.core.config import TrackingConfig, TrainConfig
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class LoopState:
+    step: int = 0  # optimizer steps done
+    micro: int = 0  # micro-batches consumed in the current epoch (all ranks together)
+    epoch: int = 0
+    best_metric: float = float("-inf")
+    best_step: int = -1
+
+
+@dataclass
+class FitResult:
+    state: LoopState
+    history: list[dict]  # one record per optimizer step: step, loss, lr (+ eval metrics)
+    best_dir: Path | None
+
+
+def cosine_lambda(total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def autocast(cfg: TrainConfig, device: torch.device):
+    """Mixed precision for forward passes: master weights stay fp32. `train.dtype` auto =
+    bf16 on CUDA, fp32 (no autocast) on CPU; bfloat16 on a CPU with AVX512-BF16 halves matmuls."""
+    name = cfg.dtype
+    if name == "auto":
+        name = "bfloat16" if device.type == "cuda" else "float32"
+    if name in ("float32", "fp32"):
+        return contextlib.nullcontext()
+    dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+             "fp16": torch.float16}[name]
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    done = sorted(p for p in ckpt_root.glob("step-*") if (p / "meta.json").is_file())
+    return done[-1] if done else None
+
+
+def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _save_model(model: torch.nn.Module, directory: Path) -> None:
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(directory)
+    save_file(_trainable(model), str(directory / "trainable.safetensors"))
+
+
+class Tracker:
+    """wandb when configured (offline mode without WANDB_API_KEY), else a no-op."""
+
+    def __init__(self, cfg: TrackingConfig, run_name: str, directory: Path, config: dict,
+                 enabled: bool):
+        self.run = None
+        if not enabled or cfg.backend != "wandb":
+            return
+        import wandb
+
+        mode = cfg.mode
+        if mode == "auto":
+            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=cfg.project, name=run_name, dir=str(directory),
+                              mode=mode, config=config, reinit="finish_previous")
+
+    def log(self, metrics: dict, step: int) -> None:
+        if self.run is not None:
+            self.run.log(metrics, step=step)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+
+
+def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
+        evaluate: Callable[[torch.nn.Module], dict], cfg: TrainConfig, out_dir: Path,
+        tracking: TrackingConfig, run_name: str = "run", config_dict: dict | None = None,
+        select_metric: str = "sim_al", stop_after: int | None = None) -> FitResult:
+    """Train `model` until cfg.max_steps / cfg.epochs; resume from out_dir/checkpoints if any.
+
+    `stop_after` ends the call after that many optimizer steps of *this* call (tests use it to
+    simulate a crash; checkpoints make the next call resume exactly).
+    """
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+
+    acc = Accelerator(cpu=cfg.device == "cpu" or not torch.cuda.is_available())
+    out_dir = Path(out_dir)
+    ckpt_root = out_dir / "checkpoints"
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+
+    n_micro = len(batches(0))
+    per_step = cfg.grad_accum * acc.num_processes
+    steps_per_epoch = max(1, n_micro // per_step)
+    total = cfg.max_steps or cfg.epochs * steps_per_epoch
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, cosine_lambda(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio))
+    model, opt = acc.prepare(model, opt)  # the scheduler stays ours: one step per update
+    raw = acc.unwrap_model(model)
+
+    state, history = LoopState(), []
+    resume = latest_checkpoint(ckpt_root)
+    if resume is not None:
+        state, history = _load_checkpoint(resume, raw, opt, sched)
+
+    tracker = Tracker(tracking, run_name, out_dir, config_dict or {}, acc.is_main_process)
+    bar = tqdm(total=total, initial=state.step, desc="train", disable=not acc.is_main_process)
+    t0, steps_this_call = time.perf_counter(), 0
+    while state.step < total:
+        epoch_batches = batches(state.epoch)
+        usable = (len(epoch_batches) // per_step) * per_step
+        while state.micro < usable and state.step < total:
+            # this rank's micro-batches of the group (materialised lazily: online capture)
+            mine = [epoch_batches[j] for j in range(state.micro + acc.process_index,
+                                                    state.micro + per_step, acc.num_processes)]
+            losses, metrics = [], {}
+            for i, batch in enumerate(mine):
+                last = i == len(mine) - 1
+                with contextlib.nullcontext() if last else acc.no_sync(model), \
+                        autocast(cfg, acc.device):
+                    loss, metrics = model(batch)
+                    acc.backward(loss / len(mine))  # mean over the accumulated micro-batches
+                losses.append(loss.detach())
+            if cfg.max_grad_norm > 0:
+                acc.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            sched.step()  # once per optimizer step, whatever the process count
+            opt.zero_grad(set_to_none=True)
+            state.micro += per_step
+            state.step += 1
+            steps_this_call += 1
+            loss_avg = acc.reduce(torch.stack(losses).mean(), reduction="mean").item()
+            record = {"step": state.step, "loss": loss_avg, "lr": sched.get_last_lr()[0],
+                      **{f"train/{k}": v for k, v in metrics.items() if isinstance(v, float)}}
+            if state.step % cfg.eval_every == 0 or state.step == total:
+                with autocast(cfg, acc.device):
+                    record.update(_evaluate(raw, evaluate, state, out_dir, acc, select_metric))
+            history.append(record)
+            if state.step % tracking.log_every == 0 or "eval/" + select_metric in record:
+                tracker.log(record, state.step)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_avg:.3f}", best=f"{state.best_metric:.3f}")
+            if state.step % cfg.save_every == 0 or state.step == total:
+                _save_checkpoint(ckpt_root, raw, opt, sched, state, history, acc)
+            if stop_after is not None and steps_this_call >= stop_after:
+                bar.close()
+                tracker.finish()
+                return FitResult(state, history, _best_dir(out_dir))
+        if state.micro >= usable:
+            state.epoch += 1
+            state.micro = 0
+    bar.close()
+    tracker.finish()
+    if acc.is_main_process:
+        artifacts.write_meta(out_dir, "train", config_dict,
+                             {"train_s_this_call": time.perf_counter() - t0},
+                             steps=state.step, best_step=state.best_step,
+                             best_metric={select_metric: state.best_metric})
+    acc.wait_for_everyone()
+    return FitResult(state, history, _best_dir(out_dir))
+
+
+def _best_dir(out_dir: Path) -> Path | None:
+    best = out_dir / "best"
+    return best if (best / "meta.json").is_file() else None
+
+
+def _evaluate(raw, evaluate, state: LoopState, out_dir: Path, acc, select_metric: str) -> dict:
+    raw.eval()
+    with torch.no_grad():
+        metrics = evaluate(raw)
+    raw.train()
+    value = metrics.get(select_metric, float("nan"))
+    if value > state.best_metric:
+        state.best_metric, state.best_step = value, state.step
+        if acc.is_main_process:
+            with artifacts.atomic_dir(out_dir / "best", overwrite=True) as tmp:
+                _save_model(raw, tmp)
+                artifacts.write_json_atomic(tmp / "meta.json",
+                                            {"step": state.step, "eval": metrics})
+        acc.wait_for_everyone()
+    return {f"eval/{k}": v for k, v in metrics.items()}
+
+
+def _save_checkpoint(root: Path, raw, opt, sched, state: LoopState, history: list[dict],
+                     acc) -> None:
+    if acc.is_main_process:
+        with artifacts.atomic_dir(root / f"step-{state.step:07d}", overwrite=True) as tmp:
+            _save_model(raw, tmp)
+            torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                        "rng": _rng_state(), "state": asdict(state), "history": history},
+                       tmp / "trainer.pt")
+            artifacts.write_json_atomic(tmp / "meta.json", {"step": state.step})
+        for old in sorted(root.glob("step-*"))[:-2]:  # keep the two newest
+            shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()
+
+
+def _load_checkpoint(path: Path, raw, opt, sched) -> tuple[LoopState, list[dict]]:
+    weights = load_file(str(path / "trainable.safetensors"))
+    missing = set(_trainable(raw)) - set(weights)
+    if missing:
+        from draftkit.core.errors import DraftkitError
+
+        raise DraftkitError(f"checkpoint {path} lacks {sorted(missing)[:3]}...: it was written "
+                            "by a different model config; move it away or train in a new run")
+    with torch.no_grad():
+        for name, p in raw.named_parameters():
+            if name in weights:
+                p.copy_(weights[name])
+    blob = torch.load(path / "trainer.pt", weights_only=False)
+    opt.load_state_dict(blob["optimizer"])
+    sched.load_state_dict(blob["scheduler"])
+    _set_rng_state(blob["rng"])
+    return LoopState(**blob["state"]), blob["history"]
