@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from toy_fit import run  # noqa: E402
 
+from draftkit.core.config import TrainConfig  # noqa: E402
 from draftkit.train.loop import cosine_lambda, latest_checkpoint  # noqa: E402
 
 
@@ -44,11 +46,21 @@ def test_best_checkpoint_is_the_best_eval_and_loads(tmp_path):
         assert torch.equal(saved["lin.weight"], model.lin.weight.detach())
 
 
-def test_loss_decreases_and_schedule_shape():
+def test_loss_decreases_and_schedule_shape(tmp_path):
+    """Training fits the toy regression (y = x @ [0..7], init loss ~140) and each optimizer
+    step runs at the cosine schedule's learning rate."""
     f = cosine_lambda(total=100, warmup=10, min_ratio=0.1)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
     assert f(10) == pytest.approx(1.0) and f(100) == pytest.approx(0.1)
     assert f(55) == pytest.approx(0.55)
+    _, res = run(tmp_path, grad_accum=1, steps=24, lr=0.5)
+    losses = [h["loss"] for h in res.history]
+    assert sum(losses[-4:]) < 0.05 * sum(losses[:4]), losses
+    evals = [-h["eval/sim_al"] for h in res.history if "eval/sim_al" in h]  # held-out MSE
+    assert len(evals) == 8 and evals[-1] < 0.05 * evals[0], evals
+    assert all(a > b for a, b in pairwise(evals)), evals  # every eval improves
+    sched = cosine_lambda(total=24, warmup=2, min_ratio=TrainConfig().min_lr_ratio)
+    assert [h["lr"] for h in res.history] == pytest.approx([0.5 * sched(s) for s in range(1, 25)])
 
 
 def test_wandb_offline_run_files(tmp_path, monkeypatch):

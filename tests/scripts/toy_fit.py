@@ -46,8 +46,8 @@ def make_eval():
     return evaluate
 
 
-def run(out: Path, grad_accum: int, steps: int, stop_after=None, backend="none"):
-    cfg = TrainConfig(max_steps=steps, grad_accum=grad_accum, lr=0.05, warmup_ratio=0.1,
+def run(out: Path, grad_accum: int, steps: int, stop_after=None, backend="none", lr=0.05):
+    cfg = TrainConfig(max_steps=steps, grad_accum=grad_accum, lr=lr, warmup_ratio=0.1,
                       eval_every=3, save_every=2, device="cpu", max_grad_norm=10.0)
     model = Toy()
     res = fit(model, toy_batches, make_eval(), cfg, out, TrackingConfig(backend=backend,
