@@ -1,6 +1,7 @@
 """Reference speculative decoder on toy distributions: the acceptance rule, its counters, and
 that samples follow the target's distribution (chi-square), with a broken residual as the
-negative control the same test must catch."""
+negative control the same test must catch; the bonus token after k accepted drafts follows the
+target's next-token distribution (directly, and inside whole sampled sequences at k=1)."""
 
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ def broken_residual(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return q
 
 
-@pytest.mark.parametrize("temperature, k", [(1.0, 2), (0.7, 3)])
+# n=3 tokens: 1 prefill + one step of k drafts + bonus. At k >= 2 the bonus is token 4 and cut,
+# so (1.0, 1) is the case whose output holds bonus tokens (token 3 after an accepted draft).
+@pytest.mark.parametrize("temperature, k", [(1.0, 1), (1.0, 2), (0.7, 3)])
 def test_samples_follow_the_target_distribution_and_a_broken_residual_is_caught(
         monkeypatch, temperature, k):
     target, drafter = ToyLM(seed=1), ToyLM(seed=2)
@@ -99,6 +102,23 @@ def test_samples_follow_the_target_distribution_and_a_broken_residual_is_caught(
     print(f"T={temperature} k={k}: p(correct)={p_ok:.3g} p(broken residual)={p_bad:.3g}")
     assert p_ok > 0.01, p_ok
     assert p_bad < 1e-6, p_bad
+
+
+def test_the_bonus_token_follows_the_target_after_the_last_draft():
+    """All k drafts accepted (p = q on the drafted rows) -> the bonus is drawn from q[k], the
+    target's distribution after the last draft: not q[k-1], not p, not argmax."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.softmax(torch.randn(3, V, generator=g) * 1.5, -1)  # [k+1, V], k=2
+    p = q[:2].clone()  # [k, V]
+    drafts, samples = [int(q[0].argmax()), int(q[1].argmax())], 20000
+    counts = torch.zeros(V)
+    for _ in range(samples):
+        m, bonus = verify(drafts, p, q, g)
+        assert m == 2
+        counts[bonus] += 1
+    print("bonus counts", counts.tolist(), "expected", (q[2] * samples).round().tolist())
+    assert chisquare(counts.numpy(), (q[2] * samples / q[2].sum()).numpy()).pvalue > 0.01
+    assert (counts / samples - q[2]).abs().max() < 0.015  # 3 sigma at 20000 samples: 0.011
 
 
 def test_greedy_toy_matches_argmax_decoding_and_counts_positions():
