@@ -39,3 +39,22 @@ def smollm2_target():
     from draftkit.target.load import load_target
 
     return load_target("smollm2-135m", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def trained_draft(tmp_path_factory, tiny_target):
+    """An EAGLE-3 head fitted to tiny-llama's greedy continuations of 8 chat prompts (the
+    prompts come along: eval splits of the vLLM tests use them). See tests/_runs.py."""
+    import torch
+    from _runs import DRAFT, chat_prompts, make_run, train_draft
+
+    prompts = chat_prompts(tiny_target.tokenizer, 8)
+    run = make_run(tmp_path_factory.mktemp("trained"), prompts=prompts,
+                   overrides=[*DRAFT, "train.ttt_steps=3"])
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # see one_thread
+    try:
+        model, metrics = train_draft(run, tiny_target, prompts, new_tokens=40)
+    finally:
+        torch.set_num_threads(n)
+    return {"model": model, "metrics": metrics, "prompts": prompts, "new_tokens": 40}

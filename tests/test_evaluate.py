@@ -9,14 +9,12 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-import torch
+from _runs import DRAFT, chat_prompts, make_run, random_draft, save_best
 
-from draftkit.core import artifacts, config
+from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
-from draftkit.core.init import init_run
 from draftkit.drafts.eagle3.model import Eagle3Draft
-from draftkit.drafts.eagle3.vocab import DraftVocab
 from draftkit.eval.stage import compare, evaluate
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
@@ -24,46 +22,18 @@ from draftkit.serving import vllm_engine
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 
 
-AUX = [1, 3, 5]
-
-
-
-
-def make_run(root: Path, target_model, tokenizer, n_prompts: int = 4, export_draft: bool = True):
-    """A tiny-llama eagle3 run with an eval split and (optionally) a random EAGLE-3 export."""
-    import datasets
-
-    run = init_run("tiny-llama", "math", runs_dir=root, name="tiny-eval", overrides=[
-        f"draft.aux_layer_ids={AUX}", "draft.draft_vocab_size=256", "data.source=offline"])
-    words = "apples books cookies students dollars hours".split()
-    prompts = []
-    for i in range(n_prompts):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"{words[i % 6]} {i * 7} each day, how many?"}],
-            add_generation_prompt=True, tokenize=False)
-        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    rows = {"id": [str(i) for i in range(n_prompts)], "prompt_ids": prompts,
-            "length": [len(p) for p in prompts]}
-    datasets.Dataset.from_dict(rows).save_to_disk(str(RunPaths(run).data / "eval"))
-    if export_draft:
-        cfg = config.load(run)
-        counts = torch.randint(0, 1000, (512,), generator=torch.Generator().manual_seed(0))
-        torch.manual_seed(0)
-        draft = Eagle3Draft.from_run_config(cfg, DraftVocab.build(counts, 256), target_model)
-        out = RunPaths(run).export
-        draft.save_pretrained(out)
-        artifacts.write_json_atomic(out / "speculative_config.json",
-                                    export.speculative_config(out, cfg.draft.num_speculative_tokens))
+@pytest.fixture()
+def run(tmp_path, tiny_target):
+    """A tiny-llama run with 4 eval prompts and a random EAGLE-3 head, exported."""
+    run = make_run(tmp_path, name="tiny-eval", prompts=chat_prompts(tiny_target.tokenizer, 4),
+                   overrides=[*DRAFT, "data.source=offline"])
+    save_best(run, random_draft(run, tiny_target.model))
+    export.export(run, ["export.check=false"])
     return run
 
 
-@pytest.fixture()
-def run(tmp_path, tiny_target):
-    return make_run(tmp_path, tiny_target.model, tiny_target.tokenizer)
-
-
 def test_missing_export_names_the_export_command(tmp_path, tiny_target):
-    run = make_run(tmp_path, tiny_target.model, tiny_target.tokenizer, export_draft=False)
+    run = make_run(tmp_path, prompts=chat_prompts(tiny_target.tokenizer, 4), overrides=DRAFT)
     with pytest.raises(DraftkitError, match=f"draftkit export {run}"):
         evaluate(run)
 
@@ -104,7 +74,10 @@ def test_reference_engine_writes_report_and_plots(run, tmp_path):
     rows = rep["reference"]["rows"]
     assert [(r["k"], r["temperature"]) for r in rows] == [(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)]
     for r in rows:
-        assert r["acceptance_length"] >= 1.0 and r["prompts"] == 2 and r["drafts"] > 0
+        assert r["prompts"] == 2 and r["drafts"] > 0 and r["draft_tokens"] == r["k"] * r["drafts"]
+        assert r["acceptance_length"] == pytest.approx(1 + r["accepted"] / r["drafts"])
+        # a step adds accepted + 1 tokens, the prefill one per prompt; EOS/max cuts only remove
+        assert 0 < r["output_tokens"] <= r["prompts"] + r["drafts"] + r["accepted"]
         assert len(r["per_position"]) == r["k"]
         assert all(a >= b for a, b in pairwise(r["accepted_per_pos"]))
     files = rep["files"]

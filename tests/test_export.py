@@ -8,38 +8,31 @@ import json
 import pytest
 import torch
 from _eagle3_helpers import make_spec
+from _runs import make_run, random_draft, save_best
 from safetensors.torch import load_file, save_file
 
 from draftkit import cli
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
-from draftkit.core.init import init_run
 from draftkit.drafts.eagle3 import format as fmt
-from draftkit.drafts.eagle3.model import Eagle3Draft
-from draftkit.drafts.eagle3.vocab import DraftVocab
 from draftkit.export.stage import export, simulated_al
 
 OVERRIDES = ["draft.draft_vocab_size=256", "draft.aux_layer_ids=[1,3,5]",
              "draft.norm_before_residual=true", "draft.norm_output=true"]
 
 
-def make_run(root, name="exp", overrides=OVERRIDES, vocab_size=256):
-    from draftkit.core import config
-
-    run = init_run("tiny-llama", "math", name=name, runs_dir=root, overrides=overrides)
-    cfg = config.load(run)
-    vocab = DraftVocab.build(torch.arange(512) % 89, vocab_size, must_include=[2])
-    model = Eagle3Draft.from_run_config(cfg, vocab)
-    best = artifacts.RunPaths(run).train / "best"
-    model.save_pretrained(best)
-    artifacts.write_json_atomic(best / "meta.json", {"eval": {"sim_al": 1.5, "cond_acc_0": 0.5,
-                                                             "cond_acc_1": 0.0,
-                                                             "cond_acc_2": 0.0}, "step": 7})
+@pytest.fixture()
+def best(tmp_path):
+    """(run, head): a random head saved as the run's best checkpoint."""
+    run = make_run(tmp_path, name="exp", overrides=OVERRIDES)
+    model = random_draft(run)
+    save_best(run, model, {"sim_al": 1.5, "cond_acc_0": 0.5, "cond_acc_1": 0.0,
+                           "cond_acc_2": 0.0}, step=7)
     return run, model
 
 
-def test_export_writes_the_speculators_dir(tmp_path):
-    run, model = make_run(tmp_path)
+def test_export_writes_the_speculators_dir(best):
+    run, model = best
     out = export(run, ["export.check=false"])
     assert out == (run / "export").resolve()
     cfg = json.loads((out / "config.json").read_text())
@@ -68,8 +61,8 @@ def test_export_writes_the_speculators_dir(tmp_path):
     assert meta["stage"] == "export" and meta["train_step"] == 7 and meta["sim_al"] == 1.5
 
 
-def test_export_out_and_k_overrides_through_the_cli(tmp_path):
-    run, _ = make_run(tmp_path)
+def test_export_out_and_k_overrides_through_the_cli(best, tmp_path):
+    run, _ = best
     out = tmp_path / "elsewhere"
     cli.run(["export", str(run), "draft.num_speculative_tokens=2", "--no-check", "--out", str(out)])
     cfg = json.loads((out / "config.json").read_text())
@@ -78,14 +71,13 @@ def test_export_out_and_k_overrides_through_the_cli(tmp_path):
 
 
 def test_export_without_checkpoint_names_the_train_command(tmp_path):
-    run = init_run("tiny-llama", "math", name="empty", runs_dir=tmp_path,
-                   overrides=["draft.aux_layer_ids=[1,3,5]"])
+    run = make_run(tmp_path, name="empty", overrides=["draft.aux_layer_ids=[1,3,5]"])
     with pytest.raises(DraftkitError, match=f"draftkit train {run}"):
         export(run, ["export.check=false"])
 
 
-def test_export_refuses_a_reduced_vocab_without_d2t(tmp_path):
-    run, _ = make_run(tmp_path)
+def test_export_refuses_a_reduced_vocab_without_d2t(best):
+    run, _ = best
     weights = artifacts.RunPaths(run).train / "best" / "model.safetensors"
     tensors = load_file(str(weights))
     del tensors["d2t"]
@@ -95,8 +87,8 @@ def test_export_refuses_a_reduced_vocab_without_d2t(tmp_path):
     assert not (run / "export").exists()
 
 
-def test_export_refuses_a_checkpoint_of_other_layers(tmp_path):
-    run, _ = make_run(tmp_path)
+def test_export_refuses_a_checkpoint_of_other_layers(best):
+    run, _ = best
     with pytest.raises(DraftkitError, match=r"aux layer ids \[1, 3, 5\] != run's \[1, 2, 5\]"):
         export(run, ["export.check=false", "draft.aux_layer_ids=[1,2,5]"])
 

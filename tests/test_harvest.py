@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _runs import conversations, make_run, write_split
 
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
@@ -24,8 +24,6 @@ from draftkit.harvest import stage as hv
 from draftkit.target.capture import OnlineCapture, logits_from_last
 
 REPO = Path(__file__).resolve().parent.parent
-WORDS = ("the a has buys sells gives each more than total how many apples books dollars "
-         "cookies students hours step so answer is of and in per day week left after").split()
 
 
 @pytest.fixture(autouse=True)
@@ -36,53 +34,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def _text(rng: random.Random, lo: int, hi: int) -> str:
-    return " ".join(rng.choice(WORDS) if rng.random() < 0.7 else str(rng.randint(0, 999))
-                    for _ in range(rng.randint(lo, hi)))
-
-
-def conversations(n: int, seed: int, lo: int = 3, hi: int = 40) -> list[list[dict]]:
-    """n user/assistant conversations; every 4th repeats the previous one (equal lengths)."""
-    rng = random.Random(seed)
-    out: list[list[dict]] = []
-    for i in range(n):
-        if i % 4 == 3:
-            out.append(out[-1])
-            continue
-        out.append([{"role": "user", "content": _text(rng, lo, hi // 2)},
-                    {"role": "assistant", "content": _text(rng, lo, hi)}])
-    return out
-
-
-def write_split(run_dir: Path, split: str, tokenizer, convs: list[list[dict]], tag: str) -> None:
-    """A prepared split in the prepare contract's columns (loss on the assistant turn)."""
-    import datasets
-
-    cols: dict[str, list] = {k: [] for k in ("id", "messages", "prompt_ids", "input_ids",
-                                            "loss_mask", "length")}
-    for i, msgs in enumerate(convs):
-        prompt = list(tokenizer.apply_chat_template(msgs[:1], tokenize=True,
-                                                    add_generation_prompt=True)["input_ids"])
-        ids = list(tokenizer.apply_chat_template(msgs, tokenize=True)["input_ids"])
-        cols["id"].append(f"{tag}-{split}-{i}")
-        cols["messages"].append(json.dumps(msgs))
-        cols["prompt_ids"].append(prompt)
-        cols["input_ids"].append(ids)
-        cols["loss_mask"].append([0] * len(prompt) + [1] * (len(ids) - len(prompt)))
-        cols["length"].append(len(ids))
-    datasets.Dataset.from_dict(cols).save_to_disk(str(RunPaths(run_dir).data / split))
-
-
-def make_run(tmp_path: Path, tokenizer, target: str = "tiny-llama", name: str = "run",
-             n_train: int = 24, n_eval: int = 6, overrides: list[str] | None = None,
-             seed: int = 0, hi: int = 40) -> Path:
-    run = init_run(target, "math", name=name, runs_dir=tmp_path, overrides=[
-        "harvest.shard_tokens=256", "harvest.batch_tokens=128", *(overrides or [])])
-    write_split(run, "train", tokenizer, conversations(n_train, seed, hi=hi), "s")
-    write_split(run, "eval", tokenizer, conversations(n_eval, seed + 1, hi=hi), "s")
-    return run
 
 
 def rows(run: Path, split: str = "train"):

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from test_harvest import REPO, dir_bytes, make_run
+from _runs import make_run
+from test_harvest import REPO, dir_bytes
 
 from draftkit.core.artifacts import RunPaths
 

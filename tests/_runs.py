@@ -1,0 +1,178 @@
+"""Run dirs for tests, in one place: `make_run` (init + prepared splits in prepare's columns),
+random and trained EAGLE-3 heads saved where train and export put them.
+
+    run = make_run(tmp_path, tok)                          # 24 train + 6 eval conversations
+    run = make_run(tmp_path, tok, prompts=chat_prompts(tok, 4))   # an eval split of prompts
+    save_best(run, random_draft(run))                      # <run>/train/best, as `draftkit train`
+    export.export(run, ["export.check=false"])             # then <run>/export
+
+`train_draft` fits a head for a few seconds on the tiny target's own greedy continuations of
+the prompts, so it is accepted often (vLLM AL ~2.2 at k=3) and acceptance tests are not the
+trivial AL = 1.0 of a random head.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from draftkit.core import artifacts, config
+from draftkit.core.artifacts import RunPaths
+from draftkit.core.init import init_run
+
+AUX = [1, 3, 5]  # tiny-llama aux layer ids the eval/export tests use (its default differs)
+DRAFT = [f"draft.aux_layer_ids={AUX}", "draft.draft_vocab_size=256"]
+WORDS = ("the a has buys sells gives each more than total how many apples books dollars "
+         "cookies students hours step so answer is of and in per day week left after").split()
+
+
+def make_run(root: Path, tokenizer=None, *, target: str = "tiny-llama", name: str = "run",
+             overrides: list[str] | None = None, n_train: int = 24, n_eval: int = 6,
+             seed: int = 0, hi: int = 40, prompts: list[list[int]] | None = None) -> Path:
+    """A run dir with small harvest shards/batches. With a tokenizer: train and eval splits of
+    random conversations (`n_train`, `n_eval`, up to `hi` words); with `prompts`: only an eval
+    split of those prompts (what eval and the export check read)."""
+    run = init_run(target, "math", name=name, runs_dir=root, overrides=[
+        "harvest.shard_tokens=256", "harvest.batch_tokens=128", *(overrides or [])])
+    if prompts is not None:
+        write_prompts(run, prompts)
+    elif tokenizer is not None:
+        write_split(run, "train", tokenizer, conversations(n_train, seed, hi=hi), "s")
+        write_split(run, "eval", tokenizer, conversations(n_eval, seed + 1, hi=hi), "s")
+    return run
+
+
+def _text(rng: random.Random, lo: int, hi: int) -> str:
+    return " ".join(rng.choice(WORDS) if rng.random() < 0.7 else str(rng.randint(0, 999))
+                    for _ in range(rng.randint(lo, hi)))
+
+
+def conversations(n: int, seed: int, lo: int = 3, hi: int = 40) -> list[list[dict]]:
+    """n user/assistant conversations; every 4th repeats the previous one (equal lengths)."""
+    rng = random.Random(seed)
+    out: list[list[dict]] = []
+    for i in range(n):
+        if i % 4 == 3:
+            out.append(out[-1])
+            continue
+        out.append([{"role": "user", "content": _text(rng, lo, hi // 2)},
+                    {"role": "assistant", "content": _text(rng, lo, hi)}])
+    return out
+
+
+def _save_split(run_dir: Path, split: str, cols: dict[str, list]) -> None:
+    import datasets
+
+    datasets.Dataset.from_dict(cols).save_to_disk(str(RunPaths(run_dir).data / split))
+
+
+def write_split(run_dir: Path, split: str, tokenizer, convs: list[list[dict]], tag: str) -> None:
+    """A prepared split in the prepare contract's columns (loss on the assistant turn)."""
+    cols: dict[str, list] = {k: [] for k in ("id", "messages", "prompt_ids", "input_ids",
+                                            "loss_mask", "length")}
+    for i, msgs in enumerate(convs):
+        prompt = list(tokenizer.apply_chat_template(msgs[:1], tokenize=True,
+                                                    add_generation_prompt=True)["input_ids"])
+        ids = list(tokenizer.apply_chat_template(msgs, tokenize=True)["input_ids"])
+        cols["id"].append(f"{tag}-{split}-{i}")
+        cols["messages"].append(json.dumps(msgs))
+        cols["prompt_ids"].append(prompt)
+        cols["input_ids"].append(ids)
+        cols["loss_mask"].append([0] * len(prompt) + [1] * (len(ids) - len(prompt)))
+        cols["length"].append(len(ids))
+    _save_split(run_dir, split, cols)
+
+
+def write_prompts(run_dir: Path, prompts: list[list[int]], split: str = "eval") -> None:
+    """A split of bare prompts (no answer tokens) in prepare's columns."""
+    _save_split(run_dir, split, {
+        "id": [str(i) for i in range(len(prompts))], "messages": ["[]"] * len(prompts),
+        "prompt_ids": prompts, "input_ids": prompts, "loss_mask": [[0] * len(p) for p in prompts],
+        "length": [len(p) for p in prompts]})
+
+
+def chat_prompts(tokenizer, n: int, offset: int = 0) -> list[list[int]]:
+    """n short chat-templated math questions (generation prompt included), as token ids."""
+    words = "apples books cookies students dollars hours".split()
+    out = []
+    for i in range(offset, offset + n):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{words[i % 6]} {i * 7} per day, how many {words[i % 5]}?"}],
+            add_generation_prompt=True, tokenize=False)
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+# ----------------------------------------------------------------------------- drafts
+
+
+def random_draft(run: Path, target_model=None, seed: int = 0):
+    """An untrained head for the run's config: random weights, a vocab from random counts."""
+    from draftkit.drafts.eagle3.model import Eagle3Draft
+    from draftkit.drafts.eagle3.vocab import DraftVocab
+
+    cfg = config.load(run)
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 1000, (cfg.target.vocab_size,), generator=g)
+    vocab = DraftVocab.build(counts, cfg.draft.draft_vocab_size, must_include=[2])
+    torch.manual_seed(seed)
+    return Eagle3Draft.from_run_config(cfg, vocab, target_model)
+
+
+def save_best(run: Path, model, metrics: dict | None = None, step: int = 7) -> Path:
+    """`model` as the run's best checkpoint, as the trainer writes it (weights + meta.json)."""
+    best = RunPaths(run).train / "best"
+    model.save_pretrained(best)
+    artifacts.write_json_atomic(best / "meta.json", {"eval": metrics or {}, "step": step})
+    return best
+
+
+def greedy_batch(target, prompts: list[list[int]], new_tokens: int, aux: list[int]) -> dict:
+    """The target's greedy continuations of `prompts` as a training batch (loss on the
+    continuation), with its aux/last hidden states."""
+    from draftkit.target.capture import capture
+
+    tok = target.tokenizer
+    with torch.no_grad():
+        seqs = [target.model.generate(torch.tensor([p]), max_new_tokens=new_tokens,
+                                      do_sample=False, eos_token_id=tok.eos_token_id)[0].tolist()
+                for p in prompts]
+    t = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), t, dtype=torch.long)  # [B, T]
+    attn, loss_mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, (s, p) in enumerate(zip(seqs, prompts, strict=True)):
+        ids[i, :len(s)], attn[i, :len(s)], loss_mask[i, len(p):len(s)] = torch.tensor(s), 1, 1
+    aux_h, last = capture(target.model, ids, aux, attention_mask=attn)  # [B, T, A*H], [B, T, H]
+    return {"aux": aux_h, "last": last, "input_ids": ids, "loss_mask": loss_mask,
+            "attention_mask": attn}
+
+
+def train_draft(run: Path, target, prompts: list[list[int]], new_tokens: int = 40,
+                extra: int = 8, steps: int = 150):
+    """A head fitted (full batch, Adam) to the target's greedy continuations of `prompts` plus
+    `extra` more prompts. Returns (model in eval mode, its metrics on `prompts`)."""
+    from draftkit.drafts.eagle3.model import Eagle3Draft
+    from draftkit.drafts.eagle3.vocab import DraftVocab, end_of_turn_ids
+
+    cfg = config.load(run)
+    all_prompts = prompts + chat_prompts(target.tokenizer, extra, offset=100)
+    batch = greedy_batch(target, all_prompts, new_tokens, list(cfg.draft.aux_layer_ids))
+    counts = torch.bincount(batch["input_ids"][batch["loss_mask"].bool()],
+                            minlength=cfg.target.vocab_size)
+    vocab = DraftVocab.build(counts, cfg.draft.draft_vocab_size,
+                             must_include=end_of_turn_ids(target.tokenizer))
+    torch.manual_seed(0)
+    model = Eagle3Draft.from_run_config(cfg, vocab, target_model=target.model)
+    opt = torch.optim.Adam(model.trainable_parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss, _ = model(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        _, metrics = model({k: v[:len(prompts)] for k, v in batch.items()})
+    return model, metrics
