@@ -94,6 +94,20 @@ def write_prompts(run_dir: Path, prompts: list[list[int]], split: str = "eval") 
         "length": [len(p) for p in prompts]})
 
 
+def write_token_counts(run_dir: Path) -> None:
+    """prepare's token counts (loss-masked train tokens), read by train for the draft vocab."""
+    import datasets
+    from safetensors.torch import save_file
+
+    from draftkit.prepare.dataset import COUNTS_FILE
+
+    counts = torch.zeros(config.load(run_dir).target.vocab_size, dtype=torch.long)
+    for r in datasets.load_from_disk(str(RunPaths(run_dir).data / "train")):
+        ids = torch.tensor(r["input_ids"])[torch.tensor(r["loss_mask"]).bool()]
+        counts += torch.bincount(ids, minlength=counts.numel())
+    save_file({"counts": counts}, str(RunPaths(run_dir).data / COUNTS_FILE))
+
+
 def chat_prompts(tokenizer, n: int, offset: int = 0) -> list[list[int]]:
     """n short chat-templated math questions (generation prompt included), as token ids."""
     words = "apples books cookies students dollars hours".split()

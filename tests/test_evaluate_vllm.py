@@ -88,7 +88,7 @@ def test_reference_decoder_agrees_with_vllm(report):
                    if r["method"] == "eagle3" and r["batch_size"] == 1)
     print(f"AL at k=2: reference {ref[0]['acceptance_length']:.3f} vs vLLM {vllm_al:.3f}")
     assert ref[0]["acceptance_length"] > 1.5
-    assert ref[0]["acceptance_length"] == pytest.approx(vllm_al, abs=0.1)
+    assert ref[0]["acceptance_length"] == pytest.approx(vllm_al, abs=0.05)  # measured: equal
     costs = report["costs"]["rows"]
     assert [c["batch_size"] for c in costs] == [1, 2]
     assert all(c["target_s"] > 0 and c["draft_s"] > 0 and set(c["verify_s"]) == {"2"}
