@@ -23,7 +23,7 @@ OVERRIDES = [
     "data.regen_engine=hf", "data.regen_max_new_tokens=24", "data.regen_temperature=0.0",
     "draft.draft_vocab_size=256", "harvest.dtype=float32", "harvest.eval_sequences=8",
     "train.max_steps=8", "train.eval_every=4", "train.save_every=4", "train.batch_tokens=1024",
-    "tracking.backend=none", "export.check_prompts=4", "eval.max_new_tokens=24",
+    "tracking.backend=none", "export.check_prompts=8", "eval.max_new_tokens=24",
 ]
 
 
@@ -162,6 +162,13 @@ def test_export_without_checkpoint_is_a_clear_error(tmp_path):
 
 @pytest.mark.vllm
 def test_export_is_served_by_vllm_with_matching_al(run):
+    """The export check serves the head in vLLM on the 8 eval prompts (fp32, T=0, k=3) and
+    vLLM's AL matches the AL simulated at training time on the same prompts' regenerated
+    (greedy) answers. Measured on the AVX-512 EPYC: vLLM 1.185 vs simulated 1.365 after 8
+    steps (1.27 vs 1.53 after 40, 1.26 vs 1.46 after 80 at lr 3e-3). The simulation scores
+    every answer position, vLLM only those it drafts at; accepted runs skip the easy ones, so
+    vLLM sits below the simulation for this weak, clustered head. A broken export (wrong aux
+    ids, norm flags or d2t) serves at AL ~1.0: 0.36 below, outside the 0.25 tolerance."""
     if not (artifacts.RunPaths(run).train / "best").exists():
         api.train(run)
     out = api.export(run, overrides=["export.check=true"])
@@ -172,5 +179,12 @@ def test_export_is_served_by_vllm_with_matching_al(run):
     for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
         assert flag in cfg
     check = json.loads((out / "check.json").read_text())
-    assert check["spec"]["drafts"] > 0 and check["vllm_al"] >= 1.0 and check["sim_al"] >= 1.0
+    m = _eval_metrics(artifacts.RunPaths(run).train)
+    a0, a1, a2 = (m[f"cond_acc_{j}"] for j in range(3))
+    assert check["sim_al"] == pytest.approx(1 + a0 + a0 * a1 + a0 * a1 * a2)
+    assert check["prompts"] == 8 and check["spec"]["drafts"] > 0
+    print(f"lifecycle: vLLM AL {check['vllm_al']:.3f} vs simulated {check['sim_al']:.3f}")
+    assert check["sim_al"] > 1.2 and check["vllm_al"] > 1.1  # accepted: a random head ~1.0
+    assert check["vllm_al"] == pytest.approx(check["sim_al"], abs=0.25)
+    assert check["warning"] is None
     assert config.load(run).draft.num_speculative_tokens == 3
