@@ -160,15 +160,39 @@ def test_export_without_checkpoint_is_a_clear_error(tmp_path):
         api.export(empty, overrides=["export.check=false"])
 
 
+def _reference_al(run, target, k: int, max_new_tokens: int) -> float:
+    """Greedy AL of the trained head (train/best, not the export) in the torch reference
+    decoder on the run's eval prompts, with vLLM's EOS and token budget."""
+    import datasets
+
+    from draftkit.drafts.eagle3.model import Eagle3Draft
+    from draftkit.eval.counters import SpecCounters
+    from draftkit.eval.spec_decode import Eagle3Drafter, HFTarget, speculative_decode
+
+    draft = Eagle3Draft.from_pretrained(artifacts.RunPaths(run).train / "best",
+                                        target_model=target.model).eval()
+    hf = HFTarget(target.model, aux_layer_ids=draft.spec.aux_layer_ids)
+    prompts = datasets.load_from_disk(str(artifacts.RunPaths(run).data / "eval"))["prompt_ids"]
+    total = SpecCounters(accepted_per_pos=[0] * k)
+    for prompt in prompts[:8]:
+        c = speculative_decode(hf, Eagle3Drafter(draft, hf), list(prompt), k, max_new_tokens,
+                               eos_id=target.tokenizer.eos_token_id).counters
+        total.drafts += c.drafts
+        total.accepted += c.accepted
+    return total.acceptance_length
+
+
 @pytest.mark.vllm
-def test_export_is_served_by_vllm_with_matching_al(run):
-    """The export check serves the head in vLLM on the 8 eval prompts (fp32, T=0, k=3) and
-    vLLM's AL matches the AL simulated at training time on the same prompts' regenerated
-    (greedy) answers. Measured on the AVX-512 EPYC: vLLM 1.185 vs simulated 1.365 after 8
-    steps (1.27 vs 1.53 after 40, 1.26 vs 1.46 after 80 at lr 3e-3). The simulation scores
-    every answer position, vLLM only those it drafts at; accepted runs skip the easy ones, so
-    vLLM sits below the simulation for this weak, clustered head. A broken export (wrong aux
-    ids, norm flags or d2t) serves at AL ~1.0: 0.36 below, outside the 0.25 tolerance."""
+def test_export_is_served_by_vllm_with_matching_al(run, tiny_target):
+    """The export check serves the head in vLLM on the 8 eval prompts (fp32, T=0, k=3). vLLM's
+    AL equals the trained head's AL in the torch reference decoder on the same prompts, and
+    stays near the AL simulated at training time. Measured on the AVX-512 EPYC: vLLM 1.185,
+    reference 1.216, simulated 1.365 after 8 steps (after 40 steps at lr 3e-3: 1.272, 1.299,
+    1.532). vLLM and the reference differ by a few accepted tokens in ~150 drafts (this weak
+    head has near-tied logits, and vLLM's CPU linears round differently); the simulation scores
+    every answer position, vLLM only those it drafts at, and accepted runs skip the easy ones,
+    so vLLM sits below the simulation. An export whose aux ids are off by one (the layer-output
+    convention) serves at 1.135: 0.081 from the reference, which the 0.05 tolerance catches."""
     if not (artifacts.RunPaths(run).train / "best").exists():
         api.train(run)
     out = api.export(run, overrides=["export.check=true"])
@@ -183,8 +207,11 @@ def test_export_is_served_by_vllm_with_matching_al(run):
     a0, a1, a2 = (m[f"cond_acc_{j}"] for j in range(3))
     assert check["sim_al"] == pytest.approx(1 + a0 + a0 * a1 + a0 * a1 * a2)
     assert check["prompts"] == 8 and check["spec"]["drafts"] > 0
-    print(f"lifecycle: vLLM AL {check['vllm_al']:.3f} vs simulated {check['sim_al']:.3f}")
     assert check["sim_al"] > 1.2 and check["vllm_al"] > 1.1  # accepted: a random head ~1.0
+    ref = _reference_al(run, tiny_target, 3, check["max_new_tokens"])
+    print(f"lifecycle: vLLM AL {check['vllm_al']:.3f}, reference {ref:.3f}, simulated "
+          f"{check['sim_al']:.3f}")
+    assert check["vllm_al"] == pytest.approx(ref, abs=0.05)
     assert check["vllm_al"] == pytest.approx(check["sim_al"], abs=0.25)
     assert check["warning"] is None
     assert config.load(run).draft.num_speculative_tokens == 3
