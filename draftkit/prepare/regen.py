@@ -13,7 +13,6 @@ reproducible across resumes with vLLM; HF seeds each batch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -43,10 +42,6 @@ class Request:
 class Completion:
     token_ids: list[int]  # generated ids up to (not incl.) the end-of-turn token
     stopped: bool  # the target ended the turn itself (False: cut at max_tokens)
-
-
-def fingerprint(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def stop_ids(tok, target_path: Path) -> set[int]:
@@ -194,7 +189,7 @@ def regenerate(convs: list[Conversation], gen: Generator, cfg: RunConfig, root: 
     Turn `w` of a conversation is generated in wave `w`, after its earlier turns. A turn whose
     prompt reaches max_seq_len ends the conversation before it (counted as trimmed)."""
     d, tok = cfg.data, gen.tok
-    key = fingerprint([(c.id, c.messages) for c in convs], settings(cfg, tok))
+    key = artifacts.fingerprint([[(c.id, c.messages) for c in convs], settings(cfg, tok)])[:16]
     store = BatchStore(Path(root) / f"{split}-{key}")
     stats = {"turns": 0, "trimmed_turns": 0, "hit_max_new_tokens": 0, "fingerprint": key}
     waves = max((sum(m["role"] == "assistant" for m in c.messages) for c in convs), default=0)

@@ -16,7 +16,6 @@ unless HF regeneration needs the model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections import Counter
@@ -117,15 +116,15 @@ def _write_split(path: Path, cols: dict[str, list]) -> None:
 
 def fingerprint(splits: dict[str, dict[str, list]]) -> str:
     """sha256 over every split's ids, input_ids and loss_mask (what later stages consume)."""
-    h = hashlib.sha256()
-    for name, cols in splits.items():
-        h.update(name.encode())
-        for i, ids, mask in zip(cols["id"], cols["input_ids"], cols["loss_mask"],
-                                strict=True):
-            h.update(i.encode())
-            h.update(np.asarray(ids, dtype=np.int64).tobytes())
-            h.update(np.asarray(mask, dtype=np.int8).tobytes())
-    return h.hexdigest()
+    def chunks():
+        for name, cols in splits.items():
+            yield name.encode()
+            for i, ids, mask in zip(cols["id"], cols["input_ids"], cols["loss_mask"],
+                                    strict=True):
+                yield i.encode()
+                yield np.asarray(ids, dtype=np.int64).tobytes()
+                yield np.asarray(mask, dtype=np.int8).tobytes()
+    return artifacts.fingerprint(sorted(splits), chunks())
 
 
 def _generate(mix: sources.Mix, recipe: recipes.Recipe, gen: regen.Generator, cfg, root: Path,
