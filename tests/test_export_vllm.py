@@ -18,10 +18,11 @@ import torch
 from draftkit.core import artifacts, config
 from draftkit.core.init import init_run
 from draftkit.drafts.eagle3.model import Eagle3Draft
-from draftkit.drafts.eagle3.vocab import DraftVocab, end_of_turn_ids
+from draftkit.drafts.eagle3.vocab import DraftVocab
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
 from draftkit.target.capture import capture
+from draftkit.target.tokens import end_of_turn_ids
 
 pytestmark = pytest.mark.vllm
 

@@ -25,6 +25,7 @@ from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask
 from draftkit.prepare.sources import Conversation, seed_for
+from draftkit.target.tokens import eos_ids
 
 ENGINES = ("vllm", "hf")
 
@@ -44,16 +45,6 @@ class Completion:
     stopped: bool  # the target ended the turn itself (False: cut at max_tokens)
 
 
-def stop_ids(tok, target_path: Path) -> set[int]:
-    """eos ids of the tokenizer and generation_config.json (int or list)."""
-    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    gen_cfg = Path(target_path) / "generation_config.json"
-    if gen_cfg.is_file():
-        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
-        ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    return ids
-
-
 class Generator:
     """The target as a text generator, started on first use (cached batches need no engine)."""
 
@@ -63,7 +54,7 @@ class Generator:
                                 f"{cfg.data.regen_engine!r}")
         self.cfg, self.tok, self.path = cfg, tok, Path(target_path)
         self.kind = cfg.data.regen_engine
-        self.stop = stop_ids(tok, target_path)
+        self.stop = eos_ids(tok, target_path)
         self._llm = self._model = None
         self.calls = self.tokens = 0
         self.seconds = 0.0

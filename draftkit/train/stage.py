@@ -99,8 +99,9 @@ def _extra_runs(cfg, run_dir: Path) -> list[Path]:
 
 def _load_vocab(cfg, data_runs: list[Path], tokenizer):
     """Top-`draft_vocab_size` tokens of prepare's counts summed over the runs trained on."""
-    from draftkit.drafts.eagle3.vocab import DraftVocab, end_of_turn_ids
+    from draftkit.drafts.eagle3.vocab import DraftVocab
     from draftkit.prepare.dataset import load_token_counts
+    from draftkit.target.tokens import end_of_turn_ids
 
     counts = None
     for r in data_runs:
