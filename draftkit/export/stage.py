@@ -25,6 +25,7 @@ from draftkit.core import artifacts, config
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
+from draftkit.drafts.eagle3.losses import simulated_al
 from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
 from draftkit.serving import vllm_engine
 
@@ -177,17 +178,6 @@ falls as the policy drifts from the weights the draft was trained on.
 
 def _read_json(path: Path) -> dict:
     return artifacts.read_json(path) if path.is_file() else {}
-
-
-def simulated_al(eval_metrics: dict, k: int) -> float | None:
-    """Training-time AL at k drafts: 1 + sum_{k'<k} prod_{i<=k'} cond_acc_i (None if unknown)."""
-    if f"cond_acc_{k - 1}" not in eval_metrics:
-        return eval_metrics.get("sim_al")
-    al, prob = 1.0, 1.0
-    for j in range(k):
-        prob *= float(eval_metrics[f"cond_acc_{j}"])
-        al += prob
-    return al
 
 
 def eval_prompts(run_dir: Path, n: int) -> list[list[int]]:
