@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, registry
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
@@ -84,7 +84,7 @@ def load_checkpoint(best: Path, run_dir: Path) -> tuple[fmt.DraftSpec, dict]:
 def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
     """The checkpoint must belong to the run's target; each mismatch names the fix."""
     t = cfg.target
-    aux = list(cfg.draft.aux_layer_ids) or [2, t.num_hidden_layers // 2, t.num_hidden_layers - 3]
+    aux = registry.aux_layer_ids(cfg)
     problems = []
     if spec.target_hidden_size != t.hidden_size or spec.hidden_size != t.hidden_size:
         problems.append(f"hidden size {spec.hidden_size}/{spec.target_hidden_size} != target "
