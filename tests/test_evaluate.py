@@ -18,7 +18,6 @@ from draftkit.core.init import init_run
 from draftkit.drafts.eagle3.model import Eagle3Draft
 from draftkit.drafts.eagle3.vocab import DraftVocab
 from draftkit.eval.stage import compare, evaluate
-from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
@@ -53,7 +52,7 @@ def make_run(root: Path, target_model, tokenizer, n_prompts: int = 4, export_dra
         out = RunPaths(run).export
         draft.save_pretrained(out)
         artifacts.write_json_atomic(out / "speculative_config.json",
-                                    export.speculative_config(out, cfg.draft.num_speculative_tokens))
+                                    vllm_engine.eagle3_config(out, cfg.draft.num_speculative_tokens))
     return run
 
 

@@ -130,7 +130,10 @@ def llm(trained):
         import cloudpickle
 
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
-        spec = export.check_engine_spec(trained["cfg"], trained["out"], trained["prompts"])
+        cfg, prompts = trained["cfg"], trained["prompts"]
+        spec = vllm_engine.run_engine_spec(
+            cfg, vllm_engine.eagle3_config(trained["out"], cfg.draft.num_speculative_tokens),
+            prompts, batch_size=len(prompts))
         with vllm_engine.engine(spec) as engine:
             yield engine
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from draftkit.core import artifacts, config, registry
+from draftkit.core import artifacts, config
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.eval import report
@@ -166,32 +166,6 @@ def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> di
 # ----------------------------------------------------------------------------- vLLM
 
 
-def target_path(cfg) -> Path:
-    if cfg.target.source == registry.SOURCE_LOCAL:
-        return Path(cfg.target.name).expanduser()
-    from draftkit.target.load import target_dir
-
-    return target_dir(cfg.target.name, cfg.target.revision)
-
-
-def spec_config(method: str, k: int | None, export_dir: Path) -> dict | None:
-    if method == "none":
-        return None
-    if method == "ngram":
-        return vllm_engine.ngram_config(k)
-    if method == "eagle3":
-        return vllm_engine.eagle3_config(export_dir, k)
-    return vllm_engine.draft_model_config(export_dir, k)
-
-
-def engine_spec(cfg, spec: dict | None, dtype: str, prompts) -> vllm_engine.EngineSpec:
-    longest = max(map(len, prompts)) + cfg.eval.max_new_tokens + max(cfg.eval.k_values) + 1
-    return vllm_engine.EngineSpec(
-        model=str(target_path(cfg)), speculative_config=spec, dtype=dtype, seed=cfg.eval.seed,
-        max_model_len=min(cfg.target.max_position_embeddings, -(-longest // 256) * 256),
-        max_num_seqs=max(8, max(cfg.eval.batch_sizes)))
-
-
 @contextlib.contextmanager
 def started(spec: vllm_engine.EngineSpec):
     """vllm_engine.engine with the start error extended by what to check."""
@@ -215,7 +189,8 @@ def measure_vllm(cfg, export_dir: Path, prompts) -> tuple[list[dict], dict]:
     e = cfg.eval
     rows, outputs = [], {}
     for method, k in tqdm(methods(cfg), desc="vLLM engines", unit="engine"):
-        with started(engine_spec(cfg, spec_config(method, k, export_dir), e.dtype, prompts)) as llm:
+        spec = vllm_engine.speculative_config(method, k, export_dir)
+        with started(vllm_engine.run_engine_spec(cfg, spec, prompts)) as llm:
             vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
             for temp in e.temperatures:
                 params = vllm_engine.sampling(temp, e.max_new_tokens,
@@ -255,7 +230,8 @@ def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
         params = vllm_engine.sampling(0.0, e.max_new_tokens)
         got = []
         for method in ("none", kind):
-            es = engine_spec(cfg, spec_config(method, k, export_dir), "float32", prompts)
+            es = vllm_engine.run_engine_spec(
+                cfg, vllm_engine.speculative_config(method, k, export_dir), prompts, "float32")
             with started(es) as llm:
                 got.append(vllm_engine.generate(llm, prompts, params, batch_size=b).token_ids)
         plain, spec, source = got[0], got[1], "fp32 engines"
@@ -286,8 +262,7 @@ def load_torch_models(cfg, export_dir: Path):
     """(Target, draft module) in fp32 on CPU (auto dtype) for the reference decoder and costs."""
     from draftkit.target.load import load_target
 
-    name = str(target_path(cfg)) if cfg.target.source == registry.SOURCE_LOCAL else cfg.target.name
-    target = load_target(name, dtype="auto", revision=cfg.target.revision)
+    target = load_target(cfg.target.name, dtype="auto", revision=cfg.target.revision)
     device = next(target.model.parameters()).device
     if cfg.draft.kind == "eagle3":
         from draftkit.drafts.eagle3.model import Eagle3Draft

@@ -61,7 +61,7 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
     print(f"exported {out}\n  vllm serve {_target_ref(spec)} --speculative-config "
-          f"'{json.dumps(speculative_config(out, spec.num_speculative_tokens))}'")
+          f"'{json.dumps(vllm_engine.eagle3_config(out, spec.num_speculative_tokens))}'")
     if cfg.export.check:
         try:
             parity_check(run_dir, out, cfg)
@@ -106,10 +106,6 @@ def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
                             "fixing the run config, or export the run it was trained in.")
 
 
-def speculative_config(out: Path, k: int) -> dict:
-    return {"method": "eagle3", "model": str(out), "num_speculative_tokens": k}
-
-
 def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -> None:
     from safetensors.torch import save
 
@@ -117,7 +113,7 @@ def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -
     artifacts.write_bytes_atomic(tmp / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec))
     artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                speculative_config(out, spec.num_speculative_tokens))
+                                vllm_engine.eagle3_config(out, spec.num_speculative_tokens))
     artifacts.write_text_atomic(tmp / "README.md", readme(out, spec, cfg))
 
 
@@ -126,7 +122,7 @@ def _target_ref(spec: fmt.DraftSpec) -> str:
 
 
 def readme(out: Path, spec: fmt.DraftSpec, cfg) -> str:
-    sc = json.dumps(speculative_config(out, spec.num_speculative_tokens))
+    sc = json.dumps(vllm_engine.eagle3_config(out, spec.num_speculative_tokens))
     target = _target_ref(spec)
     flags = ", ".join(f"{f}={getattr(spec, f)}" for f in fmt.NORM_FLAGS)
     return f"""# EAGLE-3 draft for {cfg.target.name}
@@ -191,18 +187,6 @@ def eval_prompts(run_dir: Path, n: int) -> list[list[int]]:
     return [list(p) for p in ds.select(range(min(n, len(ds))))["prompt_ids"]]
 
 
-def check_engine_spec(cfg, export_dir: Path, prompts: list[list[int]]) -> vllm_engine.EngineSpec:
-    from draftkit.target.load import target_dir
-
-    longest = max((len(p) for p in prompts), default=0) + cfg.eval.max_new_tokens
-    return vllm_engine.EngineSpec(
-        model=str(target_dir(cfg.target.name, cfg.target.revision)),
-        speculative_config=vllm_engine.eagle3_config(export_dir, cfg.draft.num_speculative_tokens),
-        dtype=cfg.eval.dtype,
-        max_model_len=min(cfg.target.max_position_embeddings, max(256, -(-longest // 256) * 256)),
-        seed=cfg.eval.seed)
-
-
 def parity_check(run_dir: Path, export_dir: Path, cfg, llm=None) -> dict:
     """Serve the export in vLLM (or use `llm`, already serving it), greedy on the eval
     prompts; write check.json + meta.json["check"]; warn when the AL gap is large."""
@@ -213,7 +197,9 @@ def parity_check(run_dir: Path, export_dir: Path, cfg, llm=None) -> dict:
     params = vllm_engine.sampling(0.0, cfg.eval.max_new_tokens)
     t0 = time.perf_counter()
     if llm is None:
-        with vllm_engine.engine(check_engine_spec(cfg, export_dir, prompts)) as engine:
+        spec = vllm_engine.run_engine_spec(cfg, vllm_engine.eagle3_config(export_dir, k), prompts,
+                                           batch_size=len(prompts))
+        with vllm_engine.engine(spec) as engine:
             run = vllm_engine.measure(engine, prompts, params, batch_size=len(prompts))
     else:
         run = vllm_engine.measure(llm, prompts, params, batch_size=len(prompts))

@@ -163,14 +163,14 @@ def _check(cfg, recipe: recipes.Recipe) -> None:
 
 def prepare(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     """Build `RunPaths(run_dir).data` (see the module docstring) and return that directory."""
-    from draftkit.target.load import target_dir
+    from draftkit.target.load import run_target_dir
 
     cfg = config.load(run_dir, overrides)
     d, out = cfg.data, RunPaths(config.run_dir_of(run_dir)).data
     timings, t0 = {}, time.perf_counter()
     recipe = recipes.load_recipe(d.recipe)
     _check(cfg, recipe)
-    path = target_dir(cfg.target.name, cfg.target.revision)
+    path = run_target_dir(cfg.target)
     tok = load_tokenizer(path)
     (out / "meta.json").unlink(missing_ok=True)  # incomplete until rewritten at the end
     mix = sources.load_mix(recipe, d, out / ".cache")
