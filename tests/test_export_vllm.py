@@ -208,7 +208,8 @@ def test_vllm_acceptance_matches_our_replay(llm, trained, tiny_target):
 
 
 def test_parity_check_on_the_running_engine(llm, trained):
-    result = export.parity_check(trained["run"], trained["out"], trained["cfg"], llm=llm)
+    run = config.Run(trained["cfg"], artifacts.RunPaths(trained["run"]))
+    result = export.parity_check(run, trained["out"], llm=llm)
     check = json.loads((trained["out"] / "check.json").read_text())
     meta = json.loads((trained["out"] / "meta.json").read_text())
     assert check["vllm_al"] == result["vllm_al"] and check["prompts"] == PROMPTS

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 
 CONFIG_NAME = "draftkit.yaml"
@@ -302,3 +303,22 @@ def run_dir_of(path: str | Path) -> Path:
     """Run directory for a run path given on the command line (dir or its draftkit.yaml)."""
     path = Path(path)
     return path.parent if path.name == CONFIG_NAME else path
+
+
+@dataclass
+class Run:
+    """One resolved run: its config (overrides applied) and where its artifacts live. A stage's
+    entry point builds it once with `open_run` and passes it down."""
+    cfg: RunConfig
+    paths: RunPaths
+
+    @property
+    def export_dir(self) -> Path:
+        """Where the run's export lives: export.out, default <run>/export."""
+        return Path(self.cfg.export.out).expanduser() if self.cfg.export.out else self.paths.export
+
+
+def open_run(path: str | Path, overrides: list[str] | None = None) -> Run:
+    """The run at `path` (its dir or its draftkit.yaml) with `key=value` overrides applied."""
+    run_dir = run_dir_of(path)
+    return Run(load(run_dir, overrides), RunPaths(run_dir))

@@ -33,10 +33,11 @@ import torch
 from tqdm import tqdm
 
 from draftkit.core import artifacts, config
-from draftkit.core.artifacts import RunPaths
+from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.eval import report
 from draftkit.eval.counters import SpecCounters
+from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 from draftkit.serving.vllm_engine import EngineStartError
 
@@ -55,13 +56,12 @@ START_CHECKS = (
 def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     """Measure the run's exported draft; returns the report (also written to results/)."""
     t0 = time.perf_counter()
-    run_dir = config.run_dir_of(run_dir)
-    cfg = config.load(run_dir, overrides)
-    paths = RunPaths(run_dir)
+    run = config.open_run(run_dir, overrides)
+    cfg, paths = run.cfg, run.paths
     check_settings(cfg)
-    export_dir = check_export(paths, cfg)
-    prompts = load_prompts(paths, cfg.eval.num_prompts)
-    rep = header(cfg, run_dir, export_dir, prompts)
+    export_dir = check_export(run)
+    prompts = load_prompts(paths.data, cfg.eval.num_prompts)
+    rep = header(cfg, paths.root, export_dir, prompts)
     timings: dict[str, float] = {}
     if cfg.eval.engine in ("vllm", "both"):
         t = time.perf_counter()
@@ -102,9 +102,10 @@ def check_settings(cfg) -> None:
         raise DraftkitError("eval.num_prompts and eval.max_new_tokens must be >= 1")
 
 
-def check_export(paths: RunPaths, cfg) -> Path:
+def check_export(run: Run) -> Path:
     """The export dir (export.out, default <run>/export), checked against the run's target."""
-    d = Path(cfg.export.out).expanduser() if cfg.export.out else paths.export
+    cfg, paths = run.cfg, run.paths
+    d = run.export_dir
     cmd = f"draftkit export {paths.root}"
     if not (d / "config.json").is_file():
         raise DraftkitError(f"run {paths.root} has no exported draft ({d}/config.json is "
@@ -131,21 +132,6 @@ def check_export(paths: RunPaths, cfg) -> Path:
                             f"{'; '.join(bad)}. It was trained for another target: re-export "
                             f"this run's draft with `{cmd}` (after `draftkit train`).")
     return d
-
-
-def load_prompts(paths: RunPaths, n: int) -> list[list[int]]:
-    """The first `n` prompt_ids of the prepared eval split."""
-    import datasets
-
-    path = paths.data / "eval"
-    if not path.is_dir():
-        raise DraftkitError(f"run {paths.root} has no prepared eval split at {path}; run "
-                            f"`draftkit prepare {paths.root}` first")
-    ds = datasets.load_from_disk(str(path))
-    if len(ds) == 0:
-        raise DraftkitError(f"the eval split at {path} is empty; raise data.eval_samples and "
-                            "rerun `draftkit prepare`")
-    return [[int(t) for t in p] for p in ds.select(range(min(n, len(ds))))["prompt_ids"]]
 
 
 def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> dict:

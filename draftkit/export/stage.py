@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 from draftkit.core import artifacts, config, registry
-from draftkit.core.artifacts import RunPaths
+from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
 from draftkit.drafts.eagle3.losses import simulated_al
 from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
+from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 
 LIKELY_CAUSES = (
@@ -43,17 +44,16 @@ LIKELY_CAUSES = (
 def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     """Write the export dir for `run_dir` and (if export.check) parity-check it in vLLM."""
     t0 = time.perf_counter()
-    run_dir = Path(run_dir)
-    cfg = config.load(run_dir, overrides)
-    best = RunPaths(run_dir).train / "best"
-    spec, tensors = load_checkpoint(best, run_dir)
+    run = config.open_run(run_dir, overrides)
+    cfg = run.cfg
+    best = run.paths.train / "best"
+    spec, tensors = load_checkpoint(best, run.paths.root)
     spec = fmt.with_k(spec, cfg.draft.num_speculative_tokens)
     check_against_run(spec, cfg)
     tensors.pop("embed_tokens.weight", None)  # vLLM shares the target's embedding
     fmt.check_state_dict(spec, tensors)
     train_meta = _read_json(best / "meta.json")
-    out = (Path(cfg.export.out).expanduser() if cfg.export.out else RunPaths(run_dir).export)
-    out = out.resolve()
+    out = run.export_dir.resolve()
     with artifacts.atomic_dir(out, overwrite=True) as tmp:
         write_files(tmp, out, spec, tensors, cfg)
         artifacts.write_meta(tmp, "export", cfg.to_dict(),
@@ -64,7 +64,7 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
           f"'{json.dumps(vllm_engine.eagle3_config(out, spec.num_speculative_tokens))}'")
     if cfg.export.check:
         try:
-            parity_check(run_dir, out, cfg)
+            parity_check(run, out)
         except vllm_engine.EngineStartError as e:
             raise DraftkitError(f"{e}\nThe export itself is complete at {out}; rerun with "
                                 "--no-check to skip the vLLM parity check.") from e
@@ -176,23 +176,13 @@ def _read_json(path: Path) -> dict:
     return artifacts.read_json(path) if path.is_file() else {}
 
 
-def eval_prompts(run_dir: Path, n: int) -> list[list[int]]:
-    import datasets
-
-    path = RunPaths(run_dir).data / "eval"
-    if not path.is_dir():
-        raise DraftkitError(f"run {run_dir} has no prepared eval split at {path}; run "
-                            f"`draftkit prepare {run_dir}` or export with --no-check")
-    ds = datasets.load_from_disk(str(path))
-    return [list(p) for p in ds.select(range(min(n, len(ds))))["prompt_ids"]]
-
-
-def parity_check(run_dir: Path, export_dir: Path, cfg, llm=None) -> dict:
+def parity_check(run: Run, export_dir: Path, llm=None) -> dict:
     """Serve the export in vLLM (or use `llm`, already serving it), greedy on the eval
     prompts; write check.json + meta.json["check"]; warn when the AL gap is large."""
+    cfg = run.cfg
     k = cfg.draft.num_speculative_tokens
-    prompts = eval_prompts(run_dir, cfg.export.check_prompts)
-    train_meta = _read_json(RunPaths(run_dir).train / "best" / "meta.json")
+    prompts = load_prompts(run.paths.data, cfg.export.check_prompts)
+    train_meta = _read_json(run.paths.train / "best" / "meta.json")
     sim = simulated_al(train_meta.get("eval") or {}, k)
     params = vllm_engine.sampling(0.0, cfg.eval.max_new_tokens)
     t0 = time.perf_counter()

@@ -26,10 +26,9 @@ import torch
 from tqdm import tqdm
 
 from draftkit.core import artifacts, config
-from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask, recipes, regen, selfinstruct, sources
-from draftkit.prepare.dataset import COUNTS_FILE, SPLITS, load_split, load_token_counts  # noqa: F401
+from draftkit.prepare.dataset import COUNTS_FILE, SPLITS
 from draftkit.prepare.sources import Conversation, Dropped
 
 COLUMNS = ("id", "source", "messages", "prompt_ids", "input_ids", "loss_mask", "length")
@@ -162,11 +161,12 @@ def _check(cfg, recipe: recipes.Recipe) -> None:
 
 
 def prepare(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
-    """Build `RunPaths(run_dir).data` (see the module docstring) and return that directory."""
+    """Build the run's `data/` dir (see the module docstring) and return it."""
     from draftkit.target.load import run_target_dir
 
-    cfg = config.load(run_dir, overrides)
-    d, out = cfg.data, RunPaths(config.run_dir_of(run_dir)).data
+    run = config.open_run(run_dir, overrides)
+    cfg = run.cfg
+    d, out = cfg.data, run.paths.data
     timings, t0 = {}, time.perf_counter()
     recipe = recipes.load_recipe(d.recipe)
     _check(cfg, recipe)
