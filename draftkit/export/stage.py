@@ -181,7 +181,10 @@ def parity_check(run: Run, export_dir: Path, llm=None) -> dict:
     prompts; write check.json + meta.json["check"]; warn when the AL gap is large."""
     cfg = run.cfg
     k = cfg.draft.num_speculative_tokens
-    prompts = load_prompts(run.paths.data, cfg.export.check_prompts)
+    try:
+        prompts = load_prompts(run.paths.data, cfg.export.check_prompts)
+    except DraftkitError as e:
+        raise DraftkitError(f"{e}, or export with --no-check") from e
     train_meta = _read_json(run.paths.train / "best" / "meta.json")
     sim = simulated_al(train_meta.get("eval") or {}, k)
     params = vllm_engine.sampling(0.0, cfg.eval.max_new_tokens)
@@ -190,16 +193,16 @@ def parity_check(run: Run, export_dir: Path, llm=None) -> dict:
         spec = vllm_engine.run_engine_spec(cfg, vllm_engine.eagle3_config(export_dir, k), prompts,
                                            batch_size=len(prompts))
         with vllm_engine.engine(spec) as engine:
-            run = vllm_engine.measure(engine, prompts, params, batch_size=len(prompts))
+            m = vllm_engine.measure(engine, prompts, params, batch_size=len(prompts))
     else:
-        run = vllm_engine.measure(llm, prompts, params, batch_size=len(prompts))
-    counters = run["spec"] or {}
+        m = vllm_engine.measure(llm, prompts, params, batch_size=len(prompts))
+    counters = m["spec"] or {}
     measured = counters.get("acceptance_length")
     gap = abs(measured - sim) if measured is not None and sim is not None else None
     result = {"vllm_al": measured, "sim_al": sim, "gap": gap, "k": k, "temperature": 0.0,
               "prompts": len(prompts), "max_new_tokens": cfg.eval.max_new_tokens,
               "dtype": cfg.eval.dtype, "batch_size": len(prompts), "spec": counters,
-              "tokens_per_s": run["tokens_per_s"], "check_s": time.perf_counter() - t0,
+              "tokens_per_s": m["tokens_per_s"], "check_s": time.perf_counter() - t0,
               "warning": None}
     if measured is None:
         result["warning"] = "vLLM reported no drafts: speculative decoding did not run"
