@@ -105,19 +105,9 @@ def _check_vocab(cfg: RunConfig, info: TargetInfo) -> None:
             f"({info.vocab_size}); set draft.draft_vocab_size <= {info.vocab_size} "
             f"(default rule gives {draft_vocab_rule(info.vocab_size)})")
     if d.kind == "draft-lm":
-        if not d.model:
-            if not info.draft_lm:
-                raise DraftkitError(
-                    f"no registered draft LM shares {info.name}'s vocabulary "
-                    f"({info.vocab_size} tokens), so `--draft draft-lm` cannot pick one. Pass "
-                    "draft.model=NAME|PATH (a smaller model with the same tokenizer), or use "
-                    "--draft eagle3, which works with any vocabulary.")
-            d.model = info.draft_lm
-        lm = registry.lookup(d.model)
-        if lm is not None and lm.vocab_size != info.vocab_size:
-            raise DraftkitError(
-                f"draft LM {lm.name} has vocab {lm.vocab_size} but the target {info.name} has "
-                f"{info.vocab_size}: draft-model speculation needs the same tokenizer")
+        from draftkit.drafts.draft_lm.build import resolve_init
+
+        resolve_init(cfg, info)  # sibling | truncate | scratch, checked against the target
 
 
 def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,

@@ -44,6 +44,10 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     cfg = config.load(run_dir, overrides)
+    if cfg.draft.kind == "draft-lm":  # a plain HF model dir (drafts/draft_lm/export.py)
+        from draftkit.drafts.draft_lm.export import export as export_draft_lm
+
+        return export_draft_lm(run_dir, cfg)
     best = RunPaths(run_dir).train / "best"
     spec, tensors = load_checkpoint(best, run_dir)
     spec = fmt.with_k(spec, cfg.draft.num_speculative_tokens)
@@ -207,7 +211,8 @@ def check_engine_spec(cfg, export_dir: Path, prompts: list[list[int]]) -> vllm_e
     longest = max((len(p) for p in prompts), default=0) + cfg.eval.max_new_tokens
     return vllm_engine.EngineSpec(
         model=str(target_dir(cfg.target.name, cfg.target.revision)),
-        speculative_config=vllm_engine.eagle3_config(export_dir, cfg.draft.num_speculative_tokens),
+        speculative_config=(vllm_engine.draft_model_config if cfg.draft.kind == "draft-lm" else
+                            vllm_engine.eagle3_config)(export_dir, cfg.draft.num_speculative_tokens),
         dtype=cfg.eval.dtype,
         max_model_len=min(cfg.target.max_position_embeddings, max(256, -(-longest // 256) * 256)),
         seed=cfg.eval.seed)
