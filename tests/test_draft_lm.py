@@ -285,3 +285,19 @@ def test_warm_start_from_a_trained_draft_lm(lm_run):
     trained = load_file(str(src / "model.safetensors"))
     for name, value in lm.state_dict().items():
         assert torch.equal(value, trained[name]), name
+
+
+def test_export_then_reference_eval(lm_run, tmp_path):
+    if not (artifacts.RunPaths(lm_run).train / "best").is_dir():
+        api.train(lm_run)
+    out = api.export(lm_run, ["export.check=false"])
+    assert json.loads((out / "speculative_config.json").read_text())["method"] == "draft_model"
+    rep = api.evaluate(lm_run, ["eval.engine=reference", "eval.k_values=[2]",
+                                "eval.temperatures=[0,1]", "eval.max_new_tokens=12",
+                                "eval.reference_prompts=2", f"eval.results_dir={tmp_path}"])
+    rows = rep["reference"]["rows"]
+    assert [(r["method"], r["k"], r["temperature"]) for r in rows] == [
+        ("reference-draft-lm", 2, 0.0), ("reference-draft-lm", 2, 1.0)]
+    for r in rows:
+        assert r["drafts"] > 0 and r["acceptance_length"] >= 1.0
+        assert r["acceptance_length"] == pytest.approx(1 + sum(r["per_position"]))
