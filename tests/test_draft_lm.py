@@ -169,9 +169,11 @@ def test_forward_equals_a_direct_full_vocab_computation(tiny_target):
     loss_mask[:, :4] = 0
     _, last = capture(tiny_target.model, ids, [8], attention_mask=attn)
     batch = {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask, "last": last}
-    loss, metrics = model(batch)
+    loss, metrics = model(batch)  # fused lm_head + loss + gradient (losses.LinearDistill)
     loss.backward()
-    # direct: positions p with x_{p+1} learned: row 0 p=3..10, row 1 p=3..7
+    fused = {n: p.grad.clone() for n, p in lm.named_parameters()}
+    lm.zero_grad()
+    # direct: HF logits, positions p with x_{p+1} learned: row 0 p=3..10, row 1 p=3..7
     with torch.no_grad():
         tl = tiny_target.model(input_ids=ids, attention_mask=attn).logits  # [2, 12, V]
     dl = lm(input_ids=ids, attention_mask=attn).logits  # [2, 12, V]
@@ -179,11 +181,16 @@ def test_forward_equals_a_direct_full_vocab_computation(tiny_target):
     d = torch.stack([dl[b, p] for b, p in pos])
     t = torch.stack([tl[b, p] for b, p in pos])
     labels = torch.tensor([int(ids[b, p + 1]) for b, p in pos])
-    kl = losses.kl_full_vocab(d, t).mean()
-    ce = torch.nn.functional.cross_entropy(d, labels)
-    assert loss.item() == pytest.approx((0.7 * kl + 0.3 * ce).item(), rel=1e-5)
-    assert metrics["n_0"] == len(pos) and metrics["loss"] == pytest.approx(kl.item(), rel=1e-5)
-    assert lm.model.layers[0].mlp.up_proj.weight.grad is not None
+    _, kl_sum, ce_sum, _ = losses.distill_terms(d, t, labels, 0.3)
+    direct = (0.7 * losses.kl_full_vocab(d, t).mean()
+              + 0.3 * torch.nn.functional.cross_entropy(d, labels))
+    direct.backward()
+    assert loss.item() == pytest.approx(direct.item(), rel=1e-5)
+    assert metrics["n_0"] == len(pos)
+    assert metrics["loss"] == pytest.approx(kl_sum.item() / len(pos), rel=1e-5)
+    assert metrics["ce"] == pytest.approx(ce_sum.item() / len(pos), rel=1e-5)
+    for name, p in lm.named_parameters():  # the gradient computed in the forward is exact
+        torch.testing.assert_close(fused[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
     assert model.target_lm_head.grad is None  # the target's parts stay frozen
 
 

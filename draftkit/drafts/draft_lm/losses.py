@@ -74,3 +74,69 @@ def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
     if s == 0:
         return x
     return torch.cat([x[:, s:], torch.zeros_like(x[:, :s])], dim=1)
+
+
+# ----------------------------------------------------------------------------- fused head + loss
+
+
+def target_logits_from_last(last: torch.Tensor, norm_weight: torch.Tensor,
+                            lm_head: torch.Tensor, eps: float,
+                            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The target's logits from its pre-norm last state: lm_head(RMSNorm(last)).
+    last [N, H], norm_weight [H], lm_head [V, H] -> [N, V] (matmul in `dtype`, result fp32)."""
+    x = last.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()  # [N, H]
+    return F.linear(x.to(dtype), lm_head.to(dtype)).float()
+
+
+class LinearDistill(torch.autograd.Function):
+    """lm_head + distillation loss over N rows in chunks, with the gradient computed in the
+    forward pass (the loss is a sum, so d loss_sum / d logits = (1-w)(q - p) + w(q - onehot)
+    needs no second pass): 4 [n, V] matmuls per chunk instead of 6 for checkpointed autograd,
+    and one chunk's [n, V] logits alive at a time.
+
+    forward(hidden [N, Hd], weight [V, Hd], last [N, H], labels [N], target_norm [H],
+            target_head [V, H], eps, ce_weight, chunk, dtype)
+      -> (loss_sum, kl_sum, ce_sum, correct [N] bool); only loss_sum has a gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, last, labels, target_norm, target_head, eps, ce_weight,
+                chunk, dtype):
+        want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        w = weight.to(dtype)  # [V, Hd]
+        grad_h = torch.zeros_like(hidden, dtype=torch.float32) if want_grad else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_grad else None
+        loss_sum = kl_sum = ce_sum = hidden.new_zeros((), dtype=torch.float32)
+        correct = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        for s in range(0, hidden.shape[0], chunk):
+            h, lab = hidden[s:s + chunk].to(dtype), labels[s:s + chunk]  # [n, Hd], [n]
+            logits = F.linear(h, w).float()  # [n, V]
+            tgt = target_logits_from_last(last[s:s + chunk], target_norm, target_head, eps, dtype)
+            correct[s:s + chunk] = logits.argmax(-1) == tgt.argmax(-1)
+            # three [n, V] buffers at a time, updated in place: log_q, log_p -> p, diff
+            log_q, log_p = F.log_softmax(logits, -1), F.log_softmax(tgt, -1)
+            del logits, tgt
+            p = log_p.exp()
+            kl = torch.dot(p.flatten(), log_p.sub_(log_q).flatten())  # sum p (log p - log q)
+            ce = -log_q.gather(1, lab[:, None]).sum()
+            kl_sum, ce_sum = kl_sum + kl, ce_sum + ce
+            loss_sum = loss_sum + (1.0 - ce_weight) * kl + ce_weight * ce
+            if want_grad:
+                g = log_q.exp_().sub_(p, alpha=1.0 - ce_weight)  # (1-w)(q - p) + w q ...
+                g[torch.arange(g.shape[0], device=g.device), lab] -= ce_weight  # ... - w onehot
+                g = g.to(dtype)  # [n, V]
+                grad_h[s:s + chunk] = (g @ w).float()  # [n, Hd]
+                grad_w += (g.t() @ h).float()  # [V, Hd]
+            del log_q, log_p, p
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.mark_non_differentiable(kl_sum, ce_sum, correct)
+        return loss_sum, kl_sum, ce_sum, correct
+
+    @staticmethod
+    def backward(ctx, g_loss, _g_kl, _g_ce, _g_correct):
+        grad_h, grad_w = ctx.saved_tensors
+        dh, dw = ctx.dtypes
+        return ((grad_h * g_loss).to(dh), (grad_w * g_loss).to(dw), None, None, None, None, None, None, None,
+                None)
