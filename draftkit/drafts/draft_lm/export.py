@@ -73,10 +73,7 @@ def export(run_dir: Path, cfg) -> Path:
     out = (Path(cfg.export.out).expanduser() if cfg.export.out else RunPaths(run_dir).export)
     out = out.resolve()
     with artifacts.atomic_dir(out, overwrite=True) as tmp:
-        lm.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        artifacts.write_json_atomic(tmp / "speculative_config.json", speculative_config(out, k))
-        artifacts.write_text_atomic(tmp / "README.md", readme(out, cfg, lm))
+        write_files(tmp, out, lm, tok, cfg)
         artifacts.write_meta(tmp, "export", cfg.to_dict(), {"export_s": time.perf_counter() - t0},
                              source=str(best), kind="draft-lm", params=num_params(lm),
                              train_step=train_meta.get("step"),
@@ -90,6 +87,15 @@ def export(run_dir: Path, cfg) -> Path:
             raise DraftkitError(f"{e}\nThe export itself is complete at {out}; rerun with "
                                 "--no-check to skip the vLLM parity check.") from e
     return out
+
+
+def write_files(tmp: Path, final: Path, lm, tokenizer, cfg) -> None:
+    """The export dir's files (meta.json aside) into `tmp`, naming `final` where it will live."""
+    lm.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    artifacts.write_json_atomic(tmp / "speculative_config.json",
+                                speculative_config(final, cfg.draft.num_speculative_tokens))
+    artifacts.write_text_atomic(tmp / "README.md", readme(final, cfg, lm))
 
 
 def num_params(lm: torch.nn.Module) -> int:
