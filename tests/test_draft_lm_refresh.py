@@ -83,25 +83,63 @@ def test_step_logits_are_the_drafts_later_positions(setup, tiny_target):
                                want.flatten(0, 1), rtol=1e-4, atol=1e-4)
 
 
-def test_refresh_publishes_a_better_draft_lm_with_engine_view(setup):
-    from draftkit.rl.publish import DraftStore
+@pytest.fixture(scope="module")
+def published(setup):
     from draftkit.rl.refresh import refresh
 
-    res = refresh(setup["run"], setup["policy"], [setup["r1"]],
-                  ["refresh.budget_steps=40", "refresh.lr=1e-3", "refresh.batch_tokens=2048"])
-    assert res["status"] == "published", res
-    store = DraftStore(setup["run"])
-    pub = store.root / res["version"]
-    lin = store.lineage(res["version"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return refresh(setup["run"], setup["policy"], [setup["r1"]],
+                       ["refresh.budget_steps=40", "refresh.lr=1e-3",
+                        "refresh.batch_tokens=2048"])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_refresh_publishes_a_better_draft_lm_with_engine_view(setup, published):
+    from safetensors.torch import load_file
+
+    from draftkit.rl import publish
+
+    assert published["status"] == "published", published
+    store = publish.DraftStore(setup["run"])
+    pub = store.root / published["version"]
+    lin = store.lineage(published["version"])
     assert lin["al_after"]["T=0"]["al"] > lin["al_before"]["T=0"]["al"]
     sc = json.loads((pub / "speculative_config.json").read_text())
     assert sc == {"method": "draft_model", "model": str(pub), "num_speculative_tokens": K}
     assert (pub / "tokenizer.json").is_file()
     view = kinds.get("draft-lm").engine_view(pub)
-    from safetensors.torch import load_file
-
     raw = load_file(str(pub / "model.safetensors"))
     qkv = view["model.layers.1.self_attn.qkv_proj.weight"]
     assert torch.equal(qkv, torch.cat([raw[f"model.layers.1.self_attn.{x}_proj.weight"]
                                        for x in "qkv"]))
     assert "model.layers.0.mlp.gate_up_proj.weight" in view and "model.norm.weight" in view
+
+
+@pytest.mark.vllm
+def test_swap_into_a_live_engine_applies_the_refreshed_draft_lm(setup, published, tiny_target):
+    from _rl_helpers import prompts
+
+    from draftkit.rl import publish
+    from draftkit.serving import drafter_swap, vllm_engine
+
+    export_dir = artifacts.RunPaths(setup["run"]).export
+    spec = vllm_engine.EngineSpec(
+        model=str(tiny_target.path), dtype="float32", max_model_len=256,
+        speculative_config=vllm_engine.draft_model_config(export_dir, K),
+        extra=drafter_swap.engine_kwargs())
+    probes = prompts(tiny_target.tokenizer, 8, 0)  # prompts of the rollouts trained on
+    params = vllm_engine.sampling(0.0, 24)
+    with vllm_engine.engine(spec) as llm:
+        before = vllm_engine.measure(llm, probes, params, batch_size=8)
+        report = drafter_swap.swap_into(llm, publish.DraftStore(setup["run"]).current_dir(),
+                                        kinds.get("draft-lm"), probes, min_al=1.0,
+                                        max_tokens=24)
+        after = vllm_engine.measure(llm, probes, params, batch_size=8)
+    print(f"swap {report['swap_s']:.2f} s: vLLM AL {before['spec']['acceptance_length']:.3f} "
+          f"-> {after['spec']['acceptance_length']:.3f}")
+    assert report["ok"] and not report["hash_problems"]
+    assert after["spec"]["acceptance_length"] > before["spec"]["acceptance_length"] + 0.2
+    assert after["outputs"] == before["outputs"]  # lossless: only the speed changed
