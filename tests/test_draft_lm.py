@@ -33,6 +33,8 @@ from draftkit.drafts.draft_lm.model import DraftLM
 def test_init_picks_sibling_or_truncation(target, init, model, layers):
     cfg = resolve(target, "math", kind="draft-lm")
     assert (cfg.draft.init, cfg.draft.model, cfg.draft.num_layers) == (init, model, layers)
+    # a draft LM needs only the target's last state (id N): harvest captures nothing else
+    assert cfg.draft.aux_layer_ids == [cfg.target.num_hidden_layers]
 
 
 def test_init_modes_refuse_what_cannot_work(tmp_path, tiny_target):

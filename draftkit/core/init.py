@@ -74,8 +74,9 @@ def _fill_target(cfg: RunConfig, info: TargetInfo) -> None:
 def _derive(cfg: RunConfig, info: TargetInfo, explicit: dict) -> None:
     """Fill every target-dependent field the templates and overrides left unset."""
     d, tr = cfg.draft, cfg.train
-    if not d.aux_layer_ids:
-        d.aux_layer_ids = info.default_aux_layer_ids
+    if not d.aux_layer_ids:  # a draft LM reads only the last state (id N): harvest no more
+        d.aux_layer_ids = [info.num_hidden_layers] if d.kind == "draft-lm" else \
+            info.default_aux_layer_ids
     from draftkit.target.capture import check_layer_ids
 
     check_layer_ids(d.aux_layer_ids, info.num_hidden_layers)
