@@ -128,7 +128,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # autocast dtype; auto = bfloat16 on CUDA, float32 on CPU
     # warm start: a speculators-format head (train/best, a checkpoint, an export, or a run dir =
-    # its train/best); its weights AND its draft vocab are the starting point (refresh jobs)
+    # its train/best); its weights AND its draft vocab are the starting point (refresh jobs).
+    # draft-lm: a trained draft LM's HF dir (the same places), instead of draft.init
     init_from: str = ""
     # draft-lm only: loss = (1 - ce_weight) * KL(target || draft) over the full vocab
     # + ce_weight * cross-entropy on the data's next token (hard labels)
