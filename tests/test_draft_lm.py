@@ -37,6 +37,19 @@ def test_init_picks_sibling_or_truncation(target, init, model, layers):
     assert cfg.draft.aux_layer_ids == [cfg.target.num_hidden_layers]
 
 
+def test_init_says_where_the_draft_lm_starts(tmp_path, capsys):
+    from draftkit.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["init", "--target", "Qwen3-8B", "--data", "math", "--draft", "draft-lm",
+              "--dir", str(tmp_path)])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "draft LM Qwen3-0.6B: needs downloading before train: Qwen/Qwen3-0.6B" in out
+    cfg = resolve("tiny-llama", "math", kind="draft-lm")
+    assert build.describe_init(cfg) == "draft LM: the target's first 2 layers (copied at train)"
+
+
 def test_init_modes_refuse_what_cannot_work(tmp_path, tiny_target):
     with pytest.raises(DraftkitError, match="no registered draft LM shares smollm2-135m's"):
         resolve("smollm2-135m", "math", kind="draft-lm", overrides=["draft.init=sibling"])

@@ -167,6 +167,10 @@ def next_steps(run_dir: Path, cfg: RunConfig) -> str:
     elif info.source == registry.SOURCE_GGUF:
         lines.append(f"target {info.name}: embedded GGUF, converted once into "
                      f"{artifacts.home() / 'targets' / info.name}")
+    if cfg.draft.kind == "draft-lm":
+        from draftkit.drafts.draft_lm.build import describe_init
+
+        lines.append(describe_init(cfg))
     lines += ["next:"] + [f"  draftkit {verb} {run_dir}"
                           for verb in ("prepare", "harvest", "train", "export", "eval")]
     return "\n".join(lines)

@@ -76,6 +76,19 @@ def resolve_init(cfg, info: registry.TargetInfo) -> None:
                             "model or use draft.init=truncate")
 
 
+def describe_init(cfg) -> str:
+    """One line for `draftkit init`: where the draft LM starts and what must be downloaded."""
+    d = cfg.draft
+    if d.init == "truncate":
+        return f"draft LM: the target's first {d.num_layers} layers (copied at train)"
+    if d.init == "scratch":
+        return f"draft LM: random weights, {d.num_layers} layers of the target's architecture"
+    lm = registry.lookup(d.model)
+    if lm is not None and lm.source == registry.SOURCE_HUB:
+        return f"draft LM {lm.name}: needs downloading before train: {lm.hub_id}"
+    return f"draft LM: {d.model}"
+
+
 def _local_shapes(path: str) -> registry.TargetInfo:
     if not (Path(path).expanduser() / "config.json").is_file():
         raise DraftkitError(f"draft.model={path!r} is neither a registered model ("
