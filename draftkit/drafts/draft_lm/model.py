@@ -31,7 +31,7 @@ class DraftLM(nn.Module):
                  rms_norm_eps: float, num_speculative_tokens: int = 3, ce_weight: float = 0.0,
                  chunk: int = 0):
         super().__init__()
-        vocab, hidden = target_lm_head.shape
+        vocab = target_lm_head.shape[0]
         if lm.get_output_embeddings().weight.shape[0] != vocab:
             raise DraftkitError(f"draft LM vocab {lm.get_output_embeddings().weight.shape[0]} != "
                                 f"target vocab {vocab}: the draft needs the target's tokenizer")
