@@ -69,6 +69,12 @@ class DraftConfig:
     fc_norm: bool = False
     norm_output: bool = False
     model: str = ""  # draft-lm only: registry name or path of the small LM
+    # draft-lm only: how the small LM starts. sibling = draft.model (a smaller model with the
+    # target's tokenizer); truncate = the target's first `num_layers` decoder layers + final
+    # norm, embedding, lm_head; scratch = random weights in the target's architecture with
+    # `num_layers` layers and the widths above. '' = sibling where the registry has one.
+    init: str = ""
+    num_layers: int = 0  # draft-lm truncate/scratch: decoder layers; 0 = max(2, N // 5)
 
 
 @dataclass
@@ -123,8 +129,12 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # autocast dtype; auto = bfloat16 on CUDA, float32 on CPU
     # warm start: a speculators-format head (train/best, a checkpoint, an export, or a run dir =
-    # its train/best); its weights AND its draft vocab are the starting point (refresh jobs)
+    # its train/best); its weights AND its draft vocab are the starting point (refresh jobs).
+    # draft-lm: a trained draft LM's HF dir (the same places), instead of draft.init
     init_from: str = ""
+    # draft-lm only: loss = (1 - ce_weight) * KL(target || draft) over the full vocab
+    # + ce_weight * cross-entropy on the data's next token (hard labels)
+    ce_weight: float = 0.0
     # more offline train data: other runs (same target and aux layer ids) whose harvest joins
     # this run's train shards and whose token counts join the draft vocab; eval stays this run's
     extra_runs: list[str] = field(default_factory=list)

@@ -46,6 +46,10 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     t0 = time.perf_counter()
     run = config.open_run(run_dir, overrides)
     cfg = run.cfg
+    if cfg.draft.kind == "draft-lm":  # a plain HF model dir (drafts/draft_lm/export.py)
+        from draftkit.drafts.draft_lm.export import export as export_draft_lm
+
+        return export_draft_lm(run)
     best = run.paths.train / "best"
     spec, tensors = load_checkpoint(best, run.paths.root)
     spec = fmt.with_k(spec, cfg.draft.num_speculative_tokens)
@@ -190,7 +194,8 @@ def parity_check(run: Run, export_dir: Path, llm=None) -> dict:
     params = vllm_engine.sampling(0.0, cfg.eval.max_new_tokens)
     t0 = time.perf_counter()
     if llm is None:
-        spec = vllm_engine.run_engine_spec(cfg, vllm_engine.eagle3_config(export_dir, k), prompts,
+        method = "draft_model" if cfg.draft.kind == "draft-lm" else "eagle3"
+        spec = vllm_engine.run_engine_spec(cfg, vllm_engine.speculative_config(method, k, export_dir), prompts,
                                            batch_size=len(prompts))
         with vllm_engine.engine(spec) as engine:
             m = vllm_engine.measure(engine, prompts, params, batch_size=len(prompts))

@@ -12,7 +12,9 @@ tokens). Batches pack length-sorted sequences into padded [B, T] tensors of at m
 `train.batch_tokens` tokens; the batch order is a pure function of (seed, epoch), which is what
 makes resume exact. Best checkpoint = highest simulated AL on the held-out split.
 `train.init_from` warm-starts from a trained head (its weights and draft vocab);
-`train.extra_runs` adds other runs' harvests to the train data.
+`train.extra_runs` adds other runs' harvests to the train data. `draft.kind=draft-lm` trains a
+small LM instead (drafts/draft_lm: KL to the target's full-vocab distribution), through the same
+batches, loop and best-checkpoint rule.
 """
 
 from __future__ import annotations
@@ -169,6 +171,10 @@ def build_draft(cfg, data_runs: list[RunPaths], target):
     from draftkit.drafts.eagle3.model import Eagle3Draft
 
     torch.manual_seed(cfg.train.seed)
+    if cfg.draft.kind == "draft-lm":
+        from draftkit.drafts.draft_lm.build import build_draft_lm
+
+        return build_draft_lm(cfg, target)
     if cfg.train.init_from:
         return warm_start(cfg, target.model)
     vocab = _load_vocab(cfg, data_runs, target.tokenizer)
@@ -210,8 +216,8 @@ def train(run_dir: Path, overrides: list[str] | None = None,
 
     run = config.open_run(run_dir, overrides)
     cfg = run.cfg
-    if cfg.draft.kind != "eagle3":
-        raise DraftkitError(f"draft kind {cfg.draft.kind!r} has no trainer yet; use eagle3")
+    if cfg.draft.kind not in ("eagle3", "draft-lm"):
+        raise DraftkitError(f"draft kind {cfg.draft.kind!r} has no trainer; use eagle3 or draft-lm")
     if cfg.train.mode not in ("offline", "online"):
         raise DraftkitError(f"train.mode must be offline or online, got {cfg.train.mode!r}")
     data_runs = [run.paths, *_extra_runs(run)]  # checked before the target loads
