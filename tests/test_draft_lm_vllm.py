@@ -17,8 +17,8 @@ import torch
 from draftkit.core import artifacts, config
 from draftkit.core.init import init_run
 from draftkit.drafts.draft_lm import build
-from draftkit.drafts.eagle3 import losses
 from draftkit.drafts.draft_lm.model import DraftLM
+from draftkit.drafts.eagle3 import losses
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
 from draftkit.target.capture import capture
