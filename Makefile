@@ -39,6 +39,7 @@ lint: setup
 bench: setup
 	$(BIN)/python scripts/bench_harvest.py
 	$(BIN)/python scripts/bench_eagle3.py
+	$(BIN)/python scripts/bench_draft_lm.py
 
 clean-demo:
 	rm -rf $(DEMO_DIR)/$(RUN)

@@ -17,7 +17,7 @@ from draftkit.core.errors import DraftkitError
 STAGES = {
     "prepare": ("draftkit.prepare.stage", "prepare", "template, regenerate with the target, mask, count"),
     "harvest": ("draftkit.harvest.stage", "harvest", "capture the target's hidden states to shards"),
-    "train": ("draftkit.train.stage", "train", "train the EAGLE-3 head (offline or online)"),
+    "train": ("draftkit.train.stage", "train", "train the EAGLE-3 head or draft LM (offline/online)"),
     "export": ("draftkit.export.stage", "export", "write the vLLM/speculators draft dir (+ vLLM check)"),
     "eval": ("draftkit.eval.stage", "evaluate", "measure AL and speedup (reference and/or vLLM)"),
 }

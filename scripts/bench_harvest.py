@@ -93,9 +93,10 @@ def run_harvest(run: Path) -> dict:
 @torch.no_grad()
 def bare_forward(model, run: Path) -> dict:
     """model(input_ids) incl. lm_head over exactly the batches harvest runs."""
-    cfg = config.load(run)
+    opened = config.open_run(run)
+    cfg = opened.cfg
     batches = []
-    for job in hv.plan(cfg, run):
+    for job in hv.plan(opened):
         for rows in job.shards:
             data = job.ds[rows]
             seqs = [torch.tensor(x) for x in data["input_ids"]]

@@ -169,7 +169,8 @@ def train_draft(run: Path, target, prompts: list[list[int]], new_tokens: int = 4
     """A head fitted (full batch, Adam) to the target's greedy continuations of `prompts` plus
     `extra` more prompts. Returns (model in eval mode, its metrics on `prompts`)."""
     from draftkit.drafts.eagle3.model import Eagle3Draft
-    from draftkit.drafts.eagle3.vocab import DraftVocab, end_of_turn_ids
+    from draftkit.drafts.eagle3.vocab import DraftVocab
+    from draftkit.target.tokens import end_of_turn_ids
 
     cfg = config.load(run)
     all_prompts = prompts + chat_prompts(target.tokenizer, extra, offset=100)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from _runs import AUX, DRAFT, make_run, save_best
 
-from draftkit.core import config
+from draftkit.core import artifacts, config
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
 from draftkit.target.capture import capture
@@ -57,7 +57,10 @@ def llm(trained):
         import cloudpickle
 
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
-        spec = export.check_engine_spec(trained["cfg"], trained["out"], trained["prompts"])
+        cfg, prompts = trained["cfg"], trained["prompts"]
+        spec = vllm_engine.run_engine_spec(
+            cfg, vllm_engine.eagle3_config(trained["out"], cfg.draft.num_speculative_tokens),
+            prompts, batch_size=len(prompts))
         with vllm_engine.engine(spec) as engine:
             yield engine
 
@@ -141,7 +144,8 @@ def test_parity_check_on_the_running_engine(llm, greedy, trained):
     two agree: the head's eval sequences are the very greedy continuations vLLM regenerates
     (measured here: vLLM 2.22 vs simulated 2.31 on the AVX-512 EPYC; a broken export, e.g. a
     wrong norm flag or aux id, drops vLLM to AL ~1.0)."""
-    result = export.parity_check(trained["run"], trained["out"], trained["cfg"], llm=llm)
+    run = config.Run(trained["cfg"], artifacts.RunPaths(trained["run"]))
+    result = export.parity_check(run, trained["out"], llm=llm)
     check = json.loads((trained["out"] / "check.json").read_text())
     meta = json.loads((trained["out"] / "meta.json").read_text())
     m = trained["metrics"]

@@ -80,7 +80,7 @@ def test_draft_vocab_rule(vocab, expected):
      "draft vocab 200000 is larger than Qwen3-8B's vocab"),
     (["--target", "Qwen3-8B", "--data", "math", "draft.aux_layer_ids=[2,18,40]"],
      r"aux layer ids \[40\] are out of range for a target with 36 layers"),
-    (["--target", "smollm2-135m", "--data", "math", "--draft", "draft-lm"],
+    (["--target", "smollm2-135m", "--data", "math", "--draft", "draft-lm", "draft.init=sibling"],
      "no registered draft LM shares smollm2-135m's vocabulary"),
     (["--target", "Llama-3.1-8B-Instruct", "--data", "math", "--draft", "draft-lm",
       "draft.model=Qwen3-0.6B"], "draft LM Qwen3-0.6B has vocab 151936"),

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3.vocab import DraftVocab, end_of_turn_ids, validate
+from draftkit.drafts.eagle3.vocab import DraftVocab, validate
+from draftkit.target.tokens import end_of_turn_ids
 
 
 def test_worked_example_from_the_docstring():

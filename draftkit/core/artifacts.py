@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,16 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(obj: Any, chunks: Iterable = ()) -> str:
+    """The one content hash behind every cache key and staleness check: sha256 (hex) over `obj`
+    as canonical JSON (sorted keys, other values by str()), then over each chunk of raw bytes
+    (anything with the buffer protocol: a token array, encoded ids), in order."""
+    h = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode())
+    for chunk in chunks:
+        h.update(chunk)
     return h.hexdigest()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 
 CONFIG_NAME = "draftkit.yaml"
@@ -68,6 +69,12 @@ class DraftConfig:
     fc_norm: bool = False
     norm_output: bool = False
     model: str = ""  # draft-lm only: registry name or path of the small LM
+    # draft-lm only: how the small LM starts. sibling = draft.model (a smaller model with the
+    # target's tokenizer); truncate = the target's first `num_layers` decoder layers + final
+    # norm, embedding, lm_head; scratch = random weights in the target's architecture with
+    # `num_layers` layers and the widths above. '' = sibling where the registry has one.
+    init: str = ""
+    num_layers: int = 0  # draft-lm truncate/scratch: decoder layers; 0 = max(2, N // 5)
 
 
 @dataclass
@@ -122,8 +129,12 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # autocast dtype; auto = bfloat16 on CUDA, float32 on CPU
     # warm start: a speculators-format head (train/best, a checkpoint, an export, or a run dir =
-    # its train/best); its weights AND its draft vocab are the starting point (refresh jobs)
+    # its train/best); its weights AND its draft vocab are the starting point (refresh jobs).
+    # draft-lm: a trained draft LM's HF dir (the same places), instead of draft.init
     init_from: str = ""
+    # draft-lm only: loss = (1 - ce_weight) * KL(target || draft) over the full vocab
+    # + ce_weight * cross-entropy on the data's next token (hard labels)
+    ce_weight: float = 0.0
     # more offline train data: other runs (same target and aux layer ids) whose harvest joins
     # this run's train shards and whose token counts join the draft vocab; eval stays this run's
     extra_runs: list[str] = field(default_factory=list)
@@ -302,3 +313,22 @@ def run_dir_of(path: str | Path) -> Path:
     """Run directory for a run path given on the command line (dir or its draftkit.yaml)."""
     path = Path(path)
     return path.parent if path.name == CONFIG_NAME else path
+
+
+@dataclass
+class Run:
+    """One resolved run: its config (overrides applied) and where its artifacts live. A stage's
+    entry point builds it once with `open_run` and passes it down."""
+    cfg: RunConfig
+    paths: RunPaths
+
+    @property
+    def export_dir(self) -> Path:
+        """Where the run's export lives: export.out, default <run>/export."""
+        return Path(self.cfg.export.out).expanduser() if self.cfg.export.out else self.paths.export
+
+
+def open_run(path: str | Path, overrides: list[str] | None = None) -> Run:
+    """The run at `path` (its dir or its draftkit.yaml) with `key=value` overrides applied."""
+    run_dir = run_dir_of(path)
+    return Run(load(run_dir, overrides), RunPaths(run_dir))

@@ -74,8 +74,9 @@ def _fill_target(cfg: RunConfig, info: TargetInfo) -> None:
 def _derive(cfg: RunConfig, info: TargetInfo, explicit: dict) -> None:
     """Fill every target-dependent field the templates and overrides left unset."""
     d, tr = cfg.draft, cfg.train
-    if not d.aux_layer_ids:
-        d.aux_layer_ids = info.default_aux_layer_ids
+    if not d.aux_layer_ids:  # a draft LM reads only the last state (id N): harvest no more
+        d.aux_layer_ids = [info.num_hidden_layers] if d.kind == "draft-lm" else \
+            info.default_aux_layer_ids
     from draftkit.target.capture import check_layer_ids
 
     check_layer_ids(d.aux_layer_ids, info.num_hidden_layers)
@@ -105,19 +106,9 @@ def _check_vocab(cfg: RunConfig, info: TargetInfo) -> None:
             f"({info.vocab_size}); set draft.draft_vocab_size <= {info.vocab_size} "
             f"(default rule gives {draft_vocab_rule(info.vocab_size)})")
     if d.kind == "draft-lm":
-        if not d.model:
-            if not info.draft_lm:
-                raise DraftkitError(
-                    f"no registered draft LM shares {info.name}'s vocabulary "
-                    f"({info.vocab_size} tokens), so `--draft draft-lm` cannot pick one. Pass "
-                    "draft.model=NAME|PATH (a smaller model with the same tokenizer), or use "
-                    "--draft eagle3, which works with any vocabulary.")
-            d.model = info.draft_lm
-        lm = registry.lookup(d.model)
-        if lm is not None and lm.vocab_size != info.vocab_size:
-            raise DraftkitError(
-                f"draft LM {lm.name} has vocab {lm.vocab_size} but the target {info.name} has "
-                f"{info.vocab_size}: draft-model speculation needs the same tokenizer")
+        from draftkit.drafts.draft_lm.build import resolve_init
+
+        resolve_init(cfg, info)  # sibling | truncate | scratch, checked against the target
 
 
 def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
@@ -176,6 +167,10 @@ def next_steps(run_dir: Path, cfg: RunConfig) -> str:
     elif info.source == registry.SOURCE_GGUF:
         lines.append(f"target {info.name}: embedded GGUF, converted once into "
                      f"{artifacts.home() / 'targets' / info.name}")
+    if cfg.draft.kind == "draft-lm":
+        from draftkit.drafts.draft_lm.build import describe_init
+
+        lines.append(describe_init(cfg))
     lines += ["next:"] + [f"  draftkit {verb} {run_dir}"
                           for verb in ("prepare", "harvest", "train", "export", "eval")]
     return "\n".join(lines)

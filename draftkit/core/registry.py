@@ -49,9 +49,20 @@ class TargetInfo:
 
     @property
     def default_aux_layer_ids(self) -> list[int]:
-        """EAGLE-3 default in the vLLM convention: id k = hidden state entering layer k."""
-        n = self.num_hidden_layers
-        return [2, n // 2, n - 3]
+        return default_aux_layer_ids(self.num_hidden_layers)
+
+
+def default_aux_layer_ids(num_hidden_layers: int) -> list[int]:
+    """EAGLE-3 default in the vLLM convention (id k = hidden state entering layer k):
+    [2, N//2, N-3], e.g. [2, 18, 33] for Qwen3-8B's 36 layers."""
+    n = num_hidden_layers
+    return [2, n // 2, n - 3]
+
+
+def aux_layer_ids(cfg) -> list[int]:
+    """A run's aux layer ids (`cfg` is a config.RunConfig): draft.aux_layer_ids, or the default
+    for its target when the list is empty."""
+    return list(cfg.draft.aux_layer_ids) or default_aux_layer_ids(cfg.target.num_hidden_layers)
 
 
 _LLAMA31_ROPE = {

@@ -32,11 +32,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from draftkit.core import artifacts, config, registry
-from draftkit.core.artifacts import RunPaths
+from draftkit.core import artifacts, config
+from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.eval import report
 from draftkit.eval.counters import SpecCounters
+from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 from draftkit.serving.vllm_engine import EngineStartError
 
@@ -55,13 +56,12 @@ START_CHECKS = (
 def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     """Measure the run's exported draft; returns the report (also written to results/)."""
     t0 = time.perf_counter()
-    run_dir = config.run_dir_of(run_dir)
-    cfg = config.load(run_dir, overrides)
-    paths = RunPaths(run_dir)
+    run = config.open_run(run_dir, overrides)
+    cfg, paths = run.cfg, run.paths
     check_settings(cfg)
-    export_dir = check_export(paths, cfg)
-    prompts = load_prompts(paths, cfg.eval.num_prompts)
-    rep = header(cfg, run_dir, export_dir, prompts)
+    export_dir = check_export(run)
+    prompts = load_prompts(paths.data, cfg.eval.num_prompts)
+    rep = header(cfg, paths.root, export_dir, prompts)
     timings: dict[str, float] = {}
     if cfg.eval.engine in ("vllm", "both"):
         t = time.perf_counter()
@@ -102,9 +102,10 @@ def check_settings(cfg) -> None:
         raise DraftkitError("eval.num_prompts and eval.max_new_tokens must be >= 1")
 
 
-def check_export(paths: RunPaths, cfg) -> Path:
+def check_export(run: Run) -> Path:
     """The export dir (export.out, default <run>/export), checked against the run's target."""
-    d = Path(cfg.export.out).expanduser() if cfg.export.out else paths.export
+    cfg, paths = run.cfg, run.paths
+    d = run.export_dir
     cmd = f"draftkit export {paths.root}"
     if not (d / "config.json").is_file():
         raise DraftkitError(f"run {paths.root} has no exported draft ({d}/config.json is "
@@ -133,21 +134,6 @@ def check_export(paths: RunPaths, cfg) -> Path:
     return d
 
 
-def load_prompts(paths: RunPaths, n: int) -> list[list[int]]:
-    """The first `n` prompt_ids of the prepared eval split."""
-    import datasets
-
-    path = paths.data / "eval"
-    if not path.is_dir():
-        raise DraftkitError(f"run {paths.root} has no prepared eval split at {path}; run "
-                            f"`draftkit prepare {paths.root}` first")
-    ds = datasets.load_from_disk(str(path))
-    if len(ds) == 0:
-        raise DraftkitError(f"the eval split at {path} is empty; raise data.eval_samples and "
-                            "rerun `draftkit prepare`")
-    return [[int(t) for t in p] for p in ds.select(range(min(n, len(ds))))["prompt_ids"]]
-
-
 def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> dict:
     e = cfg.eval
     return {
@@ -164,32 +150,6 @@ def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> di
 
 
 # ----------------------------------------------------------------------------- vLLM
-
-
-def target_path(cfg) -> Path:
-    if cfg.target.source == registry.SOURCE_LOCAL:
-        return Path(cfg.target.name).expanduser()
-    from draftkit.target.load import target_dir
-
-    return target_dir(cfg.target.name, cfg.target.revision)
-
-
-def spec_config(method: str, k: int | None, export_dir: Path) -> dict | None:
-    if method == "none":
-        return None
-    if method == "ngram":
-        return vllm_engine.ngram_config(k)
-    if method == "eagle3":
-        return vllm_engine.eagle3_config(export_dir, k)
-    return vllm_engine.draft_model_config(export_dir, k)
-
-
-def engine_spec(cfg, spec: dict | None, dtype: str, prompts) -> vllm_engine.EngineSpec:
-    longest = max(map(len, prompts)) + cfg.eval.max_new_tokens + max(cfg.eval.k_values) + 1
-    return vllm_engine.EngineSpec(
-        model=str(target_path(cfg)), speculative_config=spec, dtype=dtype, seed=cfg.eval.seed,
-        max_model_len=min(cfg.target.max_position_embeddings, -(-longest // 256) * 256),
-        max_num_seqs=max(8, max(cfg.eval.batch_sizes)))
 
 
 @contextlib.contextmanager
@@ -215,7 +175,8 @@ def measure_vllm(cfg, export_dir: Path, prompts) -> tuple[list[dict], dict]:
     e = cfg.eval
     rows, outputs = [], {}
     for method, k in tqdm(methods(cfg), desc="vLLM engines", unit="engine"):
-        with started(engine_spec(cfg, spec_config(method, k, export_dir), e.dtype, prompts)) as llm:
+        spec = vllm_engine.speculative_config(method, k, export_dir)
+        with started(vllm_engine.run_engine_spec(cfg, spec, prompts)) as llm:
             vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
             for temp in e.temperatures:
                 params = vllm_engine.sampling(temp, e.max_new_tokens,
@@ -255,7 +216,8 @@ def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
         params = vllm_engine.sampling(0.0, e.max_new_tokens)
         got = []
         for method in ("none", kind):
-            es = engine_spec(cfg, spec_config(method, k, export_dir), "float32", prompts)
+            es = vllm_engine.run_engine_spec(
+                cfg, vllm_engine.speculative_config(method, k, export_dir), prompts, "float32")
             with started(es) as llm:
                 got.append(vllm_engine.generate(llm, prompts, params, batch_size=b).token_ids)
         plain, spec, source = got[0], got[1], "fp32 engines"
@@ -286,8 +248,7 @@ def load_torch_models(cfg, export_dir: Path):
     """(Target, draft module) in fp32 on CPU (auto dtype) for the reference decoder and costs."""
     from draftkit.target.load import load_target
 
-    name = str(target_path(cfg)) if cfg.target.source == registry.SOURCE_LOCAL else cfg.target.name
-    target = load_target(name, dtype="auto", revision=cfg.target.revision)
+    target = load_target(cfg.target.name, dtype="auto", revision=cfg.target.revision)
     device = next(target.model.parameters()).device
     if cfg.draft.kind == "eagle3":
         from draftkit.drafts.eagle3.model import Eagle3Draft

@@ -21,11 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, config
-from draftkit.core.artifacts import RunPaths
+from draftkit.core import artifacts, config, registry
+from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
+from draftkit.drafts.eagle3.losses import simulated_al
 from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
+from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 
 LIKELY_CAUSES = (
@@ -42,17 +44,20 @@ LIKELY_CAUSES = (
 def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     """Write the export dir for `run_dir` and (if export.check) parity-check it in vLLM."""
     t0 = time.perf_counter()
-    run_dir = Path(run_dir)
-    cfg = config.load(run_dir, overrides)
-    best = RunPaths(run_dir).train / "best"
-    spec, tensors = load_checkpoint(best, run_dir)
+    run = config.open_run(run_dir, overrides)
+    cfg = run.cfg
+    if cfg.draft.kind == "draft-lm":  # a plain HF model dir (drafts/draft_lm/export.py)
+        from draftkit.drafts.draft_lm.export import export as export_draft_lm
+
+        return export_draft_lm(run)
+    best = run.paths.train / "best"
+    spec, tensors = load_checkpoint(best, run.paths.root)
     spec = fmt.with_k(spec, cfg.draft.num_speculative_tokens)
     check_against_run(spec, cfg)
     tensors.pop("embed_tokens.weight", None)  # vLLM shares the target's embedding
     fmt.check_state_dict(spec, tensors)
     train_meta = _read_json(best / "meta.json")
-    out = (Path(cfg.export.out).expanduser() if cfg.export.out else RunPaths(run_dir).export)
-    out = out.resolve()
+    out = run.export_dir.resolve()
     with artifacts.atomic_dir(out, overwrite=True) as tmp:
         write_files(tmp, out, spec, tensors, cfg)
         artifacts.write_meta(tmp, "export", cfg.to_dict(),
@@ -60,10 +65,10 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
     print(f"exported {out}\n  vllm serve {_target_ref(spec)} --speculative-config "
-          f"'{json.dumps(speculative_config(out, spec.num_speculative_tokens))}'")
+          f"'{json.dumps(vllm_engine.eagle3_config(out, spec.num_speculative_tokens))}'")
     if cfg.export.check:
         try:
-            parity_check(run_dir, out, cfg)
+            parity_check(run, out)
         except vllm_engine.EngineStartError as e:
             raise DraftkitError(f"{e}\nThe export itself is complete at {out}; rerun with "
                                 "--no-check to skip the vLLM parity check.") from e
@@ -83,7 +88,7 @@ def load_checkpoint(best: Path, run_dir: Path) -> tuple[fmt.DraftSpec, dict]:
 def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
     """The checkpoint must belong to the run's target; each mismatch names the fix."""
     t = cfg.target
-    aux = list(cfg.draft.aux_layer_ids) or [2, t.num_hidden_layers // 2, t.num_hidden_layers - 3]
+    aux = registry.aux_layer_ids(cfg)
     problems = []
     if spec.target_hidden_size != t.hidden_size or spec.hidden_size != t.hidden_size:
         problems.append(f"hidden size {spec.hidden_size}/{spec.target_hidden_size} != target "
@@ -105,10 +110,6 @@ def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
                             "fixing the run config, or export the run it was trained in.")
 
 
-def speculative_config(out: Path, k: int) -> dict:
-    return {"method": "eagle3", "model": str(out), "num_speculative_tokens": k}
-
-
 def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -> None:
     from safetensors.torch import save
 
@@ -116,7 +117,7 @@ def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -
     artifacts.write_bytes_atomic(tmp / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec))
     artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                speculative_config(out, spec.num_speculative_tokens))
+                                vllm_engine.eagle3_config(out, spec.num_speculative_tokens))
     artifacts.write_text_atomic(tmp / "README.md", readme(out, spec, cfg))
 
 
@@ -125,7 +126,7 @@ def _target_ref(spec: fmt.DraftSpec) -> str:
 
 
 def readme(out: Path, spec: fmt.DraftSpec, cfg) -> str:
-    sc = json.dumps(speculative_config(out, spec.num_speculative_tokens))
+    sc = json.dumps(vllm_engine.eagle3_config(out, spec.num_speculative_tokens))
     target = _target_ref(spec)
     flags = ", ".join(f"{f}={getattr(spec, f)}" for f in fmt.NORM_FLAGS)
     return f"""# EAGLE-3 draft for {cfg.target.name}
@@ -179,61 +180,34 @@ def _read_json(path: Path) -> dict:
     return artifacts.read_json(path) if path.is_file() else {}
 
 
-def simulated_al(eval_metrics: dict, k: int) -> float | None:
-    """Training-time AL at k drafts: 1 + sum_{k'<k} prod_{i<=k'} cond_acc_i (None if unknown)."""
-    if f"cond_acc_{k - 1}" not in eval_metrics:
-        return eval_metrics.get("sim_al")
-    al, prob = 1.0, 1.0
-    for j in range(k):
-        prob *= float(eval_metrics[f"cond_acc_{j}"])
-        al += prob
-    return al
-
-
-def eval_prompts(run_dir: Path, n: int) -> list[list[int]]:
-    import datasets
-
-    path = RunPaths(run_dir).data / "eval"
-    if not path.is_dir():
-        raise DraftkitError(f"run {run_dir} has no prepared eval split at {path}; run "
-                            f"`draftkit prepare {run_dir}` or export with --no-check")
-    ds = datasets.load_from_disk(str(path))
-    return [list(p) for p in ds.select(range(min(n, len(ds))))["prompt_ids"]]
-
-
-def check_engine_spec(cfg, export_dir: Path, prompts: list[list[int]]) -> vllm_engine.EngineSpec:
-    from draftkit.target.load import target_dir
-
-    longest = max((len(p) for p in prompts), default=0) + cfg.eval.max_new_tokens
-    return vllm_engine.EngineSpec(
-        model=str(target_dir(cfg.target.name, cfg.target.revision)),
-        speculative_config=vllm_engine.eagle3_config(export_dir, cfg.draft.num_speculative_tokens),
-        dtype=cfg.eval.dtype,
-        max_model_len=min(cfg.target.max_position_embeddings, max(256, -(-longest // 256) * 256)),
-        seed=cfg.eval.seed)
-
-
-def parity_check(run_dir: Path, export_dir: Path, cfg, llm=None) -> dict:
+def parity_check(run: Run, export_dir: Path, llm=None) -> dict:
     """Serve the export in vLLM (or use `llm`, already serving it), greedy on the eval
     prompts; write check.json + meta.json["check"]; warn when the AL gap is large."""
+    cfg = run.cfg
     k = cfg.draft.num_speculative_tokens
-    prompts = eval_prompts(run_dir, cfg.export.check_prompts)
-    train_meta = _read_json(RunPaths(run_dir).train / "best" / "meta.json")
+    try:
+        prompts = load_prompts(run.paths.data, cfg.export.check_prompts)
+    except DraftkitError as e:
+        raise DraftkitError(f"{e}, or export with --no-check") from e
+    train_meta = _read_json(run.paths.train / "best" / "meta.json")
     sim = simulated_al(train_meta.get("eval") or {}, k)
     params = vllm_engine.sampling(0.0, cfg.eval.max_new_tokens)
     t0 = time.perf_counter()
     if llm is None:
-        with vllm_engine.engine(check_engine_spec(cfg, export_dir, prompts)) as engine:
-            run = vllm_engine.measure(engine, prompts, params, batch_size=len(prompts))
+        method = "draft_model" if cfg.draft.kind == "draft-lm" else "eagle3"
+        spec = vllm_engine.run_engine_spec(cfg, vllm_engine.speculative_config(method, k, export_dir), prompts,
+                                           batch_size=len(prompts))
+        with vllm_engine.engine(spec) as engine:
+            m = vllm_engine.measure(engine, prompts, params, batch_size=len(prompts))
     else:
-        run = vllm_engine.measure(llm, prompts, params, batch_size=len(prompts))
-    counters = run["spec"] or {}
+        m = vllm_engine.measure(llm, prompts, params, batch_size=len(prompts))
+    counters = m["spec"] or {}
     measured = counters.get("acceptance_length")
     gap = abs(measured - sim) if measured is not None and sim is not None else None
     result = {"vllm_al": measured, "sim_al": sim, "gap": gap, "k": k, "temperature": 0.0,
               "prompts": len(prompts), "max_new_tokens": cfg.eval.max_new_tokens,
               "dtype": cfg.eval.dtype, "batch_size": len(prompts), "spec": counters,
-              "tokens_per_s": run["tokens_per_s"], "check_s": time.perf_counter() - t0,
+              "tokens_per_s": m["tokens_per_s"], "check_s": time.perf_counter() - t0,
               "warning": None}
     if measured is None:
         result["warning"] = "vLLM reported no drafts: speculative decoding did not run"

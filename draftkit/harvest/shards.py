@@ -81,18 +81,20 @@ def plan_shards(lengths: list[int], shard_tokens: int) -> list[list[int]]:
 
 def fingerprint(ds, settings: dict) -> str:
     """sha256 over the dataset rows that are harvested (ids, input_ids, loss_mask) + settings."""
+    return artifacts.fingerprint(settings, _row_chunks(ds))
+
+
+def _row_chunks(ds) -> Iterator:
     import pyarrow.compute as pc
 
-    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    h.update(str(len(ds)).encode())
+    yield str(len(ds)).encode()
     for table in ds.select_columns(["id", "input_ids", "loss_mask"]).with_format("arrow").iter(
             batch_size=4096):
-        h.update("\x00".join(map(str, table.column("id").to_pylist())).encode())
+        yield "\x00".join(map(str, table.column("id").to_pylist())).encode()
         for name in ("input_ids", "loss_mask"):
             col = table.column(name)
-            h.update(pc.list_value_length(col).to_numpy(zero_copy_only=False).astype("int64"))
-            h.update(pc.list_flatten(col).to_numpy(zero_copy_only=False).astype("int64"))
-    return h.hexdigest()
+            yield pc.list_value_length(col).to_numpy(zero_copy_only=False).astype("int64")
+            yield pc.list_flatten(col).to_numpy(zero_copy_only=False).astype("int64")
 
 
 # ----------------------------------------------------------------------------- writing

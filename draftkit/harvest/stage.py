@@ -40,10 +40,11 @@ from pathlib import Path
 import torch
 
 from draftkit.core import artifacts, config
-from draftkit.core.config import RunConfig
+from draftkit.core.config import Run, RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
 from draftkit.harvest.shards import HarvestError, HarvestSet, open_harvest  # noqa: F401 - public API
+from draftkit.prepare import dataset
 from draftkit.target import capture as capture_mod
 from draftkit.target import load as target_load
 
@@ -97,22 +98,6 @@ class SplitJob:
     header: dict  # manifest fields besides the shard list
 
 
-def _load_split(run_dir: Path, split: str):
-    import datasets
-
-    path = artifacts.RunPaths(run_dir).data / split
-    if not path.is_dir():
-        if split == "eval":
-            return None
-        raise DraftkitError(f"no prepared data at {path}: run `draftkit prepare {run_dir}` first")
-    ds = datasets.load_from_disk(str(path))
-    missing = {"id", "input_ids", "loss_mask", "length"} - set(ds.column_names)
-    if missing:
-        raise DraftkitError(f"prepared data at {path} lacks columns {sorted(missing)}; rerun "
-                            f"`draftkit prepare {run_dir}` with this draftkit version")
-    return ds.select_columns(["id", "input_ids", "loss_mask", "length"])
-
-
 def _header(cfg: RunConfig, split: str, device: str) -> dict:
     t, h = cfg.target, cfg.harvest
     shards.store_dtype(h.dtype)
@@ -148,24 +133,25 @@ def _checked_lengths(ds, split: str) -> list[int]:
     return lengths
 
 
-def plan(cfg: RunConfig, run_dir: Path, device: str = "cpu") -> list[SplitJob]:
+def plan(run: Run, device: str = "cpu") -> list[SplitJob]:
     """The shard plan of every split (deterministic: same data + config -> same plan)."""
+    cfg, paths = run.cfg, run.paths
     capture_mod.check_layer_ids(cfg.draft.aux_layer_ids, cfg.target.num_hidden_layers)
     if cfg.harvest.shard_tokens < 1 or cfg.harvest.batch_tokens < 1:
         raise DraftkitError("harvest.shard_tokens and harvest.batch_tokens must be >= 1")
     jobs = []
     for split in SPLITS:
-        ds = _load_split(run_dir, split)
+        ds = dataset.load_rows(paths.data, split)
         if ds is None:
             continue
         if split == "train" and len(ds) == 0:
-            raise DraftkitError(f"the prepared train split of {run_dir} is empty; check the "
-                                f"data recipe and rerun `draftkit prepare {run_dir}`")
+            raise DraftkitError(f"the prepared train split of {paths.root} is empty; check the "
+                                f"data recipe and rerun `draftkit prepare {paths.root}`")
         if split == "eval" and 0 < cfg.harvest.eval_sequences < len(ds):
             ds = ds.select(range(cfg.harvest.eval_sequences))
         header = _header(cfg, split, device)
         fp = shards.fingerprint(ds, {k: v for k, v in header.items() if k != "bytes_per_token"})
-        directory = artifacts.RunPaths(run_dir).harvest / ("" if split == "train" else split)
+        directory = paths.harvest / ("" if split == "train" else split)
         lengths = _checked_lengths(ds, split)
         jobs.append(SplitJob(split, directory, ds, lengths,
                              shards.plan_shards(lengths, cfg.harvest.shard_tokens), fp,
@@ -177,12 +163,11 @@ def current_fingerprint(run_dir: Path, split: str = "train",
                         overrides: list[str] | None = None) -> str:
     """The data fingerprint a harvest of the run's current prepared data + config would carry;
     pass it to `open_harvest(..., data_fingerprint=...)` to refuse a stale harvest."""
-    run_dir = config.run_dir_of(run_dir)
-    jobs = plan(config.load(run_dir, overrides), run_dir, target_load.default_device())
-    for job in jobs:
+    run = config.open_run(run_dir, overrides)
+    for job in plan(run, target_load.default_device()):
         if job.split == split:
             return job.fingerprint
-    raise DraftkitError(f"{run_dir} has no prepared {split} split; run `draftkit prepare`")
+    raise DraftkitError(f"{run.paths.root} has no prepared {split} split; run `draftkit prepare`")
 
 
 # ----------------------------------------------------------------------------- one shard
@@ -284,8 +269,7 @@ def _compute(cfg: RunConfig, todo: list[tuple[SplitJob, int]], state) -> dict:
     return stats
 
 
-def _finish(cfg: RunConfig, run_dir: Path, jobs: list[SplitJob], stats: list[dict],
-            seconds: float) -> None:
+def _finish(run: Run, jobs: list[SplitJob], stats: list[dict], seconds: float) -> None:
     """Rank 0, after every rank is done: verify all shards, write manifests and meta.json."""
     for job in jobs:
         entries = []
@@ -293,7 +277,8 @@ def _finish(cfg: RunConfig, run_dir: Path, jobs: list[SplitJob], stats: list[dic
             entry = shards.verified_entry(job.directory, i, job.fingerprint)
             if entry is None:
                 raise HarvestError(f"shard {i} of {job.directory} is missing or failed its "
-                                   f"checksum after harvest; rerun `draftkit harvest {run_dir}`")
+                                   f"checksum after harvest; rerun `draftkit harvest "
+                                   f"{run.paths.root}`")
             entries.append(entry)
         shards.write_manifest(job.directory, job.header, entries)
     computed = sum(s["tokens"] for s in stats)
@@ -302,7 +287,7 @@ def _finish(cfg: RunConfig, run_dir: Path, jobs: list[SplitJob], stats: list[dic
                "load_s": max([s["load_s"] for s in stats] + [0.0]),
                "computed_tokens": computed, "computed_shards": sum(s["shards"] for s in stats),
                "tokens_per_s": computed / compute_s if compute_s else None}
-    artifacts.write_meta(artifacts.RunPaths(run_dir).harvest, "harvest", cfg.to_dict(), timings,
+    artifacts.write_meta(run.paths.harvest, "harvest", run.cfg.to_dict(), timings,
                          processes=len(stats), per_rank=stats,
                          splits={j.split: {"shards": len(j.shards), "sequences": len(j.ds),
                                            "data_fingerprint": j.fingerprint} for j in jobs})
@@ -318,13 +303,13 @@ def harvest(run_dir: Path, overrides: list[str] | None = None) -> Path:
     from accelerate.utils import gather_object, parse_flag_from_env
 
     t0 = time.perf_counter()
-    run_dir = config.run_dir_of(run_dir)
-    cfg = config.load(run_dir, overrides)
+    run = config.open_run(run_dir, overrides)
+    cfg = run.cfg
     state = PartialState(cpu=not torch.cuda.is_available() or parse_flag_from_env(
         "ACCELERATE_USE_CPU"))
-    jobs = plan(cfg, run_dir, str(state.device))
+    jobs = plan(run, str(state.device))
     if state.is_main_process:
-        stale_eval = artifacts.RunPaths(run_dir).harvest / "eval"
+        stale_eval = run.paths.harvest / "eval"
         if "eval" not in [j.split for j in jobs] and stale_eval.is_dir():
             shutil.rmtree(stale_eval)  # the prepared data has no eval split any more
         for job in jobs:
@@ -339,9 +324,9 @@ def harvest(run_dir: Path, overrides: list[str] | None = None) -> Path:
     stats = gather_object([_compute(cfg, todo, state)])
     state.wait_for_everyone()
     if state.is_main_process:
-        _finish(cfg, run_dir, jobs, stats, time.perf_counter() - t0)
+        _finish(run, jobs, stats, time.perf_counter() - t0)
     state.wait_for_everyone()
-    return artifacts.RunPaths(run_dir).harvest
+    return run.paths.harvest
 
 
 if __name__ == "__main__":  # `accelerate launch ... -m draftkit.harvest.stage RUN [key=value ...]`

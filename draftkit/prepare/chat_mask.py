@@ -24,10 +24,7 @@ import numpy as np
 
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare.sources import Dropped
-
-# End-of-turn markers of common templates; the ones in the tokenizer's vocab are used.
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>",
-               "<|end_of_text|>")
+from draftkit.target.tokens import end_of_turn_tokens
 
 
 @dataclass
@@ -55,18 +52,6 @@ def token_ids(tok, text: str) -> list[int]:
 def prompt_ids(tok, messages: list[dict], i: int) -> list[int]:
     """Tokens the target sees before generating assistant message `i`."""
     return token_ids(tok, render(tok, messages[:i], add_generation_prompt=True))
-
-
-def _in_vocab(tok, token: str) -> bool:
-    i = tok.convert_tokens_to_ids(token)  # unknown tokens map to the unk id (or None)
-    return i is not None and tok.convert_ids_to_tokens(i) == token
-
-
-def end_of_turn_strings(tok) -> list[str]:
-    found = [t for t in END_OF_TURN if _in_vocab(tok, t)]
-    if tok.eos_token and tok.eos_token not in found:
-        found.append(tok.eos_token)
-    return found
 
 
 def fit_turns(tok, messages: list[dict], max_seq_len: int) -> tuple[list[dict], int]:
@@ -107,7 +92,7 @@ def check_rendered(shown: str, content: str, turn: int) -> None:
 
 def assistant_spans(tok, messages: list[dict], text: str) -> list[tuple[int, int]]:
     """[start, end) character spans of each assistant turn in `text` (content + end token)."""
-    eots = end_of_turn_strings(tok)
+    eots = end_of_turn_tokens(tok)
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":

@@ -13,7 +13,6 @@ reproducible across resumes with vLLM; HF seeds each batch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask
 from draftkit.prepare.sources import Conversation, seed_for
+from draftkit.target.tokens import eos_ids
 
 ENGINES = ("vllm", "hf")
 
@@ -45,20 +45,6 @@ class Completion:
     stopped: bool  # the target ended the turn itself (False: cut at max_tokens)
 
 
-def fingerprint(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def stop_ids(tok, target_path: Path) -> set[int]:
-    """eos ids of the tokenizer and generation_config.json (int or list)."""
-    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    gen_cfg = Path(target_path) / "generation_config.json"
-    if gen_cfg.is_file():
-        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
-        ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    return ids
-
-
 class Generator:
     """The target as a text generator, started on first use (cached batches need no engine)."""
 
@@ -68,7 +54,7 @@ class Generator:
                                 f"{cfg.data.regen_engine!r}")
         self.cfg, self.tok, self.path = cfg, tok, Path(target_path)
         self.kind = cfg.data.regen_engine
-        self.stop = stop_ids(tok, target_path)
+        self.stop = eos_ids(tok, target_path)
         self._llm = self._model = None
         self.calls = self.tokens = 0
         self.seconds = 0.0
@@ -194,7 +180,7 @@ def regenerate(convs: list[Conversation], gen: Generator, cfg: RunConfig, root: 
     Turn `w` of a conversation is generated in wave `w`, after its earlier turns. A turn whose
     prompt reaches max_seq_len ends the conversation before it (counted as trimmed)."""
     d, tok = cfg.data, gen.tok
-    key = fingerprint([(c.id, c.messages) for c in convs], settings(cfg, tok))
+    key = artifacts.fingerprint([[(c.id, c.messages) for c in convs], settings(cfg, tok)])[:16]
     store = BatchStore(Path(root) / f"{split}-{key}")
     stats = {"turns": 0, "trimmed_turns": 0, "hit_max_new_tokens": 0, "fingerprint": key}
     waves = max((sum(m["role"] == "assistant" for m in c.messages) for c in convs), default=0)

@@ -30,11 +30,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from draftkit.core import artifacts
 from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask
 from draftkit.prepare.recipes import SelfInstructSpec
-from draftkit.prepare.regen import BatchStore, Generator, Request, fingerprint
+from draftkit.prepare.regen import BatchStore, Generator, Request
 from draftkit.prepare.sources import Conversation, seed_for
 
 _LABEL = re.compile(r"^\W*(new\s+)?(word\s+)?(math\s+)?(problem|question|task|prompt|request|"
@@ -110,8 +111,9 @@ def self_instruct(spec: SelfInstructSpec, n: int, gen: Generator, cfg: RunConfig
     """Up to `n` target-written prompts as conversations with an empty assistant turn."""
     tok, d = gen.tok, cfg.data
     seed = d.seed
-    key = fingerprint(spec.__dict__, cfg.target.name, cfg.target.revision, d.regen_engine,
-                      d.regen_dtype, d.self_instruct_temperature, seed, tok.chat_template)
+    key = artifacts.fingerprint([spec.__dict__, cfg.target.name, cfg.target.revision,
+                                 d.regen_engine, d.regen_dtype, d.self_instruct_temperature, seed,
+                                 tok.chat_template])[:16]
     store = BatchStore(Path(root) / f"self-instruct-{key}")
     seen, kept, rejected = set(existing), [], Counter()
     next_index, rounds = 0, 0

@@ -16,7 +16,6 @@ unless HF regeneration needs the model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections import Counter
@@ -27,10 +26,9 @@ import torch
 from tqdm import tqdm
 
 from draftkit.core import artifacts, config
-from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask, recipes, regen, selfinstruct, sources
-from draftkit.prepare.dataset import COUNTS_FILE, SPLITS, load_split, load_token_counts  # noqa: F401
+from draftkit.prepare.dataset import COUNTS_FILE, SPLITS
 from draftkit.prepare.sources import Conversation, Dropped
 
 COLUMNS = ("id", "source", "messages", "prompt_ids", "input_ids", "loss_mask", "length")
@@ -117,15 +115,15 @@ def _write_split(path: Path, cols: dict[str, list]) -> None:
 
 def fingerprint(splits: dict[str, dict[str, list]]) -> str:
     """sha256 over every split's ids, input_ids and loss_mask (what later stages consume)."""
-    h = hashlib.sha256()
-    for name, cols in splits.items():
-        h.update(name.encode())
-        for i, ids, mask in zip(cols["id"], cols["input_ids"], cols["loss_mask"],
-                                strict=True):
-            h.update(i.encode())
-            h.update(np.asarray(ids, dtype=np.int64).tobytes())
-            h.update(np.asarray(mask, dtype=np.int8).tobytes())
-    return h.hexdigest()
+    def chunks():
+        for name, cols in splits.items():
+            yield name.encode()
+            for i, ids, mask in zip(cols["id"], cols["input_ids"], cols["loss_mask"],
+                                    strict=True):
+                yield i.encode()
+                yield np.asarray(ids, dtype=np.int64).tobytes()
+                yield np.asarray(mask, dtype=np.int8).tobytes()
+    return artifacts.fingerprint(sorted(splits), chunks())
 
 
 def _generate(mix: sources.Mix, recipe: recipes.Recipe, gen: regen.Generator, cfg, root: Path,
@@ -163,15 +161,16 @@ def _check(cfg, recipe: recipes.Recipe) -> None:
 
 
 def prepare(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
-    """Build `RunPaths(run_dir).data` (see the module docstring) and return that directory."""
-    from draftkit.target.load import target_dir
+    """Build the run's `data/` dir (see the module docstring) and return it."""
+    from draftkit.target.load import run_target_dir
 
-    cfg = config.load(run_dir, overrides)
-    d, out = cfg.data, RunPaths(config.run_dir_of(run_dir)).data
+    run = config.open_run(run_dir, overrides)
+    cfg = run.cfg
+    d, out = cfg.data, run.paths.data
     timings, t0 = {}, time.perf_counter()
     recipe = recipes.load_recipe(d.recipe)
     _check(cfg, recipe)
-    path = target_dir(cfg.target.name, cfg.target.revision)
+    path = run_target_dir(cfg.target)
     tok = load_tokenizer(path)
     (out / "meta.json").unlink(missing_ok=True)  # incomplete until rewritten at the end
     mix = sources.load_mix(recipe, d, out / ".cache")

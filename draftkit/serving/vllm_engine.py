@@ -132,6 +132,36 @@ def measure(llm, prompt_ids: list[list[int]], params, batch_size: int) -> dict:
             "spec": spec.as_dict() if spec.drafts else None, "outputs": gen.token_ids}
 
 
+def speculative_config(method: str, k: int | None, draft_dir: str | Path | None) -> dict | None:
+    """vLLM's `speculative_config` for a method: none (None) | ngram | eagle3 | draft_model."""
+    if method == "none":
+        return None
+    if method == "ngram":
+        return ngram_config(k)
+    if method == "eagle3":
+        return eagle3_config(draft_dir, k)
+    return draft_model_config(draft_dir, k)
+
+
+def run_engine_spec(cfg, speculative: dict | None, prompts: list[list[int]],
+                    dtype: str | None = None, batch_size: int | None = None) -> EngineSpec:
+    """The engine that measures a run's draft (eval, export's parity check); `cfg` is the run's
+    config.RunConfig. Target dir of the run, eval.seed, `dtype` (default eval.dtype), a context
+    for the longest prompt + eval.max_new_tokens + the most drafted tokens + 1 (rounded up to
+    256, capped by the target's), room for `batch_size` sequences (default the largest eval
+    batch), at least 8."""
+    from draftkit.target.load import run_target_dir
+
+    e = cfg.eval
+    k = max([cfg.draft.num_speculative_tokens, *e.k_values])
+    longest = max(map(len, prompts)) + e.max_new_tokens + k + 1
+    return EngineSpec(
+        model=str(run_target_dir(cfg.target)), speculative_config=speculative,
+        dtype=dtype or e.dtype, seed=e.seed,
+        max_model_len=min(cfg.target.max_position_embeddings, -(-longest // 256) * 256),
+        max_num_seqs=max(8, batch_size or max(e.batch_sizes)))
+
+
 def ngram_config(k: int) -> dict:
     return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
             "prompt_lookup_min": 2}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from draftkit.core.errors import DraftkitError
+from draftkit.core.registry import default_aux_layer_ids
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -32,7 +33,7 @@ def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
         raise DraftkitError(
             f"aux layer ids {bad} are out of range for a target with {num_layers} layers: ids "
             f"follow the vLLM convention (0 = embeddings, k = entering layer k, {num_layers} = last "
-            f"output before the final norm). Default: [2, {num_layers // 2}, {num_layers - 3}]. "
+            f"output before the final norm). Default: {default_aux_layer_ids(num_layers)}. "
             "SpecForge/ModelOpt ids are one lower (layer outputs): add 1 when importing them."
         )
 

@@ -54,6 +54,14 @@ def target_dir(name_or_info: str | TargetInfo, revision: str = "main") -> Path:
     return _download(info, revision)
 
 
+def run_target_dir(t) -> Path:
+    """The HF dir of a run's target (`t` is the run's config.TargetConfig): a local target's
+    own directory, else `target_dir` of its name at its revision."""
+    if t.source == registry.SOURCE_LOCAL:
+        return Path(t.name).expanduser()
+    return target_dir(t.name, t.revision)
+
+
 def _download(info: TargetInfo, revision: str) -> Path:
     from huggingface_hub import snapshot_download
 

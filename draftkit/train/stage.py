@@ -12,7 +12,9 @@ tokens). Batches pack length-sorted sequences into padded [B, T] tensors of at m
 `train.batch_tokens` tokens; the batch order is a pure function of (seed, epoch), which is what
 makes resume exact. Best checkpoint = highest simulated AL on the held-out split.
 `train.init_from` warm-starts from a trained head (its weights and draft vocab);
-`train.extra_runs` adds other runs' harvests to the train data.
+`train.extra_runs` adds other runs' harvests to the train data. `draft.kind=draft-lm` trains a
+small LM instead (drafts/draft_lm: KL to the target's full-vocab distribution), through the same
+batches, loop and best-checkpoint rule.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, config
+from draftkit.core import config
+from draftkit.core.artifacts import RunPaths
+from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.train import loop
 
@@ -81,33 +85,37 @@ class LazyBatches(Sequence):
         return self.build(self.plan[i])
 
 
-def _extra_runs(cfg, run_dir: Path) -> list[Path]:
-    runs = [config.run_dir_of(p) for p in cfg.train.extra_runs]
-    seen = {Path(run_dir).resolve()}
+def _extra_runs(run: Run) -> list[RunPaths]:
+    """The paths of train.extra_runs, each resolved once here (checked before the target loads)."""
+    cfg = run.cfg
+    runs = [RunPaths(config.run_dir_of(p)) for p in cfg.train.extra_runs]
+    seen = {run.paths.root.resolve()}
     for r in runs:
-        if r.resolve() in seen:
-            raise DraftkitError(f"train.extra_runs lists {r} twice or names this run itself; "
-                                "each run's data would count double")
-        seen.add(r.resolve())
-        if not artifacts.RunPaths(r).config.is_file():
-            raise DraftkitError(f"train.extra_runs entry {r} is not a run dir (no draftkit.yaml); "
-                                "list run dirs whose `draftkit harvest` finished")
+        if r.root.resolve() in seen:
+            raise DraftkitError(f"train.extra_runs lists {r.root} twice or names this run "
+                                "itself; each run's data would count double")
+        seen.add(r.root.resolve())
+        if not r.config.is_file():
+            raise DraftkitError(f"train.extra_runs entry {r.root} is not a run dir (no "
+                                "draftkit.yaml); list run dirs whose `draftkit harvest` finished")
     if runs and cfg.train.mode != "offline":
         raise DraftkitError("train.extra_runs adds harvested (offline) data; use train.mode=offline")
     return runs
 
 
-def _load_vocab(cfg, data_runs: list[Path], tokenizer):
+def _load_vocab(cfg, data_runs: list[RunPaths], tokenizer):
     """Top-`draft_vocab_size` tokens of prepare's counts summed over the runs trained on."""
-    from draftkit.drafts.eagle3.vocab import DraftVocab, end_of_turn_ids
+    from draftkit.drafts.eagle3.vocab import DraftVocab
     from draftkit.prepare.dataset import load_token_counts
+    from draftkit.target.tokens import end_of_turn_ids
 
     counts = None
     for r in data_runs:
-        c = load_token_counts(r)
+        c = load_token_counts(r.data)
         if c.numel() != cfg.target.vocab_size:
-            raise DraftkitError(f"token counts of {r} cover {c.numel()} ids but the target vocab "
-                                f"is {cfg.target.vocab_size}: rerun `draftkit prepare {r}`")
+            raise DraftkitError(f"token counts of {r.root} cover {c.numel()} ids but the target "
+                                f"vocab is {cfg.target.vocab_size}: rerun `draftkit prepare "
+                                f"{r.root}`")
         counts = c if counts is None else counts + c
     return DraftVocab.build(counts, cfg.draft.draft_vocab_size,
                             must_include=end_of_turn_ids(tokenizer))
@@ -119,9 +127,9 @@ def warm_start(cfg, target_model):
     from draftkit.drafts.eagle3 import format as fmt
     from draftkit.drafts.eagle3.model import Eagle3Draft
 
-    src = config.run_dir_of(cfg.train.init_from)
-    if artifacts.RunPaths(src).config.is_file():  # a run dir stands for its best checkpoint
-        src = artifacts.RunPaths(src).train / "best"
+    given = RunPaths(config.run_dir_of(cfg.train.init_from))
+    # a run dir stands for its best checkpoint
+    src = given.train / "best" if given.config.is_file() else given.root
     model = Eagle3Draft.from_pretrained(src, target_model, cfg.train.ttt_steps,
                                         cfg.train.ttt_decay)
     got = model.spec
@@ -144,35 +152,39 @@ def warm_start(cfg, target_model):
     return model
 
 
-def _offline_sequences(cfg, run_dir: Path, split: str) -> list[Seq]:
+def _offline_sequences(cfg, paths: RunPaths, split: str) -> list[Seq]:
     from draftkit.harvest.shards import open_harvest
 
-    hdir = artifacts.RunPaths(run_dir).harvest
+    hdir = paths.harvest
     if split == "eval":
         hdir = hdir / "eval"
     if not (hdir / "manifest.json").is_file():
-        raise DraftkitError(f"no harvest at {hdir}: run `draftkit harvest {run_dir}` first, or "
+        raise DraftkitError(f"no harvest at {hdir}: run `draftkit harvest {paths.root}` first, or "
                             "train online with train.mode=online")
     hs = open_harvest(hdir, target_name=cfg.target.name, aux_layer_ids=cfg.draft.aux_layer_ids)
     return list(hs.sequences())
 
 
-def build_draft(cfg, data_runs: list[Path], target):
+def build_draft(cfg, data_runs: list[RunPaths], target):
     """The head training starts from: `train.init_from`'s, or a new one whose vocab comes from
     the counts of `data_runs` (this run, then train.extra_runs)."""
     from draftkit.drafts.eagle3.model import Eagle3Draft
 
     torch.manual_seed(cfg.train.seed)
+    if cfg.draft.kind == "draft-lm":
+        from draftkit.drafts.draft_lm.build import build_draft_lm
+
+        return build_draft_lm(cfg, target)
     if cfg.train.init_from:
         return warm_start(cfg, target.model)
     vocab = _load_vocab(cfg, data_runs, target.tokenizer)
     return Eagle3Draft.from_run_config(cfg, vocab, target.model)
 
 
-def _online_sequences(run_dir: Path, split: str) -> list[Seq]:
+def _online_sequences(paths: RunPaths, split: str) -> list[Seq]:
     from draftkit.prepare.dataset import load_split
 
-    ds = load_split(run_dir, split)
+    ds = load_split(paths.data, split)
     return [{"input_ids": torch.tensor(r["input_ids"]), "loss_mask": torch.tensor(r["loss_mask"])}
             for r in ds]
 
@@ -202,13 +214,13 @@ def train(run_dir: Path, overrides: list[str] | None = None,
     """Train the run's draft; returns the train dir (best checkpoint in train/best)."""
     from draftkit.target.load import default_device, load_target
 
-    run_dir = config.run_dir_of(run_dir)
-    cfg = config.load(run_dir, overrides)
-    if cfg.draft.kind != "eagle3":
-        raise DraftkitError(f"draft kind {cfg.draft.kind!r} has no trainer yet; use eagle3")
+    run = config.open_run(run_dir, overrides)
+    cfg = run.cfg
+    if cfg.draft.kind not in ("eagle3", "draft-lm"):
+        raise DraftkitError(f"draft kind {cfg.draft.kind!r} has no trainer; use eagle3 or draft-lm")
     if cfg.train.mode not in ("offline", "online"):
         raise DraftkitError(f"train.mode must be offline or online, got {cfg.train.mode!r}")
-    data_runs = [run_dir, *_extra_runs(cfg, run_dir)]  # checked before the target loads
+    data_runs = [run.paths, *_extra_runs(run)]  # checked before the target loads
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
     dtype = torch.float32  # master weights and batches; train.dtype sets autocast (loop.py)
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
@@ -220,14 +232,15 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         from draftkit.target.capture import OnlineCapture
 
         capture = OnlineCapture(target.model, cfg.draft.aux_layer_ids)
-        train_seqs, eval_seqs = _online_sequences(run_dir, "train"), _online_sequences(run_dir, "eval")
+        train_seqs = _online_sequences(run.paths, "train")
+        eval_seqs = _online_sequences(run.paths, "eval")
     else:
         del target  # offline: the target's features are on disk
         train_seqs = [s for r in data_runs for s in _offline_sequences(cfg, r, "train")]
-        eval_seqs = _offline_sequences(cfg, run_dir, "eval")
+        eval_seqs = _offline_sequences(cfg, run.paths, "eval")
     build = _batch_builder(train_seqs, capture, dtype)
     lengths = [int(s["input_ids"].shape[0]) for s in train_seqs]
-    out = artifacts.RunPaths(run_dir).train
+    out = run.paths.train
 
     def batches(epoch: int) -> LazyBatches:
         return LazyBatches(plan_batches(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from draftkit.core import registry
 from draftkit.core.errors import DraftkitError
 
 FORMAT_VERSION = 1
@@ -90,7 +91,7 @@ def spec_from_run_config(cfg, draft_vocab_size: int, verifier_name_or_path: str)
         raise DraftkitError(f"the draft vocab has {draft_vocab_size} tokens but the run config "
                             f"says draft.draft_vocab_size={d.draft_vocab_size}; rebuild the vocab "
                             "from the config value")
-    aux = list(d.aux_layer_ids) or [2, t.num_hidden_layers // 2, t.num_hidden_layers - 3]
+    aux = registry.aux_layer_ids(cfg)
     check_aux_ids(aux)
     return DraftSpec(
         family=t.family, hidden_size=hidden,

@@ -72,18 +72,29 @@ def num_steps(metrics: dict) -> int:
 def metrics_from_counts(counts: dict[str, float]) -> dict[str, float]:
     """Derived metrics (loss, loss_j, acc_j, cond_acc_j, sim_al) plus the counts themselves."""
     out = {k: float(v) for k, v in counts.items()}
-    loss, sim_al, accepted_prob = 0.0, 1.0, 1.0
-    for j in range(num_steps(counts)):
+    loss, steps = 0.0, num_steps(counts)
+    for j in range(steps):
         n, cond_n = counts[f"n_{j}"], counts[f"cond_n_{j}"]
         out[f"loss_{j}"] = counts[f"kl_sum_{j}"] / n if n else 0.0
         out[f"acc_{j}"] = counts[f"correct_{j}"] / n if n else 0.0
         out[f"cond_acc_{j}"] = counts[f"cond_correct_{j}"] / cond_n if cond_n else 0.0
         loss += counts[f"w_{j}"] * out[f"loss_{j}"]
-        accepted_prob *= out[f"cond_acc_{j}"]  # P(drafts 0..j all accepted)
-        sim_al += accepted_prob
     out["loss"] = loss
-    out["sim_al"] = sim_al
+    out["sim_al"] = simulated_al(out, steps)
     return out
+
+
+def simulated_al(metrics: dict, k: int) -> float | None:
+    """Expected greedy AL with k drafts: 1 + sum_{k'<k} prod_{i<=k'} cond_acc_i, from metrics
+    holding cond_acc_0..k-1. Metrics of fewer TTT steps than k give their own `sim_al` (None if
+    they have none): the draft was never trained that deep."""
+    if k > 0 and f"cond_acc_{k - 1}" not in metrics:
+        return metrics.get("sim_al")
+    al, accepted_prob = 1.0, 1.0
+    for j in range(k):
+        accepted_prob *= float(metrics[f"cond_acc_{j}"])  # P(drafts 0..j all accepted)
+        al += accepted_prob
+    return al
 
 
 def aggregate(metrics_list: list[dict]) -> dict[str, float]:

@@ -86,11 +86,10 @@ class Eagle3Draft(nn.Module):
         """New head for a run: embedding + verifier parts from the target, lm_head = target
         lm_head rows of the draft vocab. Without `target_model` the three tensors are read
         from the target's safetensors (no full model load)."""
-        from draftkit.target.load import target_dir
+        from draftkit.target.load import run_target_dir
 
         hub = cfg.target.source == "hub" and cfg.target.hub_id
-        path = None if hub and target_model is not None else \
-            target_dir(cfg.target.name, cfg.target.revision)
+        path = None if hub and target_model is not None else run_target_dir(cfg.target)
         verifier = cfg.target.hub_id if hub else str(Path(path).resolve())
         spec = fmt.spec_from_run_config(cfg, vocab.draft_size, verifier)
         model = cls(spec, vocab, cfg.train.ttt_steps, cfg.train.ttt_decay)

@@ -22,10 +22,6 @@ import torch
 
 from draftkit.core.errors import DraftkitError
 
-# Token strings that end a turn or a document in the chat templates draftkit meets.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>",
-                      "<|end|>", "</s>", "<end_of_turn>")
-
 
 @dataclass(frozen=True)
 class DraftVocab:
@@ -147,15 +143,3 @@ def validate(d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         raise DraftkitError("d2t and t2d disagree (d2t must map draft id i to the i-th target id "
                             "set in t2d, ascending); rebuild the vocab with DraftVocab.build")
 
-
-def end_of_turn_ids(tokenizer) -> list[int]:
-    """Ids the draft vocab must always hold: eos plus known end-of-turn tokens of `tokenizer`."""
-    ids: set[int] = set()
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif isinstance(eos, list):
-        ids.update(int(i) for i in eos)
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
-    return sorted(ids)

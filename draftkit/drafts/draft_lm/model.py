@@ -1,0 +1,94 @@
+"""A small HF causal LM as a trainable draft: `forward(batch) -> (loss, metrics)` for the
+generic loop (train/loop.py), distilled from the target's full-vocabulary distribution.
+
+The batch is the EAGLE-3 trainer's (train/stage.py): input_ids, loss_mask, attention_mask
+[B, T] and `last` [B, T, H_target], the target's last decoder output before its final norm,
+either read from harvest shards (offline) or computed by the target in the loop (online).
+The target's logits are `lm_head(norm(last))` (target/capture.py `logits_from_last`),
+computed here from frozen copies of the target's final norm and lm_head (`target_norm`,
+`target_lm_head`, never saved with the draft). Alignment needs no shift: the draft at
+position p has read x_0..x_p, like the target's `last[p]`, and both score x_{p+1}.
+
+Memory and time: logits are [N, V] over the full vocab (49k-152k). Only positions whose next
+token is an assistant token are scored, in chunks of `chunk` rows (~2^26 logits), by
+`losses.LinearDistill`, which computes lm_head, loss and gradient chunk by chunk in one pass:
+one chunk's logits alive at a time, and no second pass over [N, V] in the backward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts.draft_lm import losses
+
+
+class DraftLM(nn.Module):
+    def __init__(self, lm: nn.Module, target_norm: torch.Tensor, target_lm_head: torch.Tensor,
+                 rms_norm_eps: float, num_speculative_tokens: int = 3, ce_weight: float = 0.0,
+                 chunk: int = 0):
+        super().__init__()
+        vocab = target_lm_head.shape[0]
+        if lm.get_output_embeddings().weight.shape[0] != vocab:
+            raise DraftkitError(f"draft LM vocab {lm.get_output_embeddings().weight.shape[0]} != "
+                                f"target vocab {vocab}: the draft needs the target's tokenizer")
+        if not 0.0 <= ce_weight <= 1.0:
+            raise DraftkitError(f"train.ce_weight={ce_weight} must be in [0, 1]")
+        self.lm = lm
+        self.k, self.ce_weight, self.eps = num_speculative_tokens, ce_weight, rms_norm_eps
+        self.chunk = chunk or max(128, (1 << 26) // vocab)  # rows per [rows, V] logits chunk
+        # Frozen parameters rather than buffers: DDP would re-broadcast a [V, H] buffer each step.
+        self.target_norm = nn.Parameter(target_norm.detach().float().clone(), requires_grad=False)
+        self.target_lm_head = nn.Parameter(target_lm_head.detach().float().clone(),
+                                           requires_grad=False)
+
+    @classmethod
+    def for_target(cls, lm: nn.Module, target_model: nn.Module, cfg) -> DraftLM:
+        """Wrap `lm` with the norm/lm_head of a loaded HF target and the run's settings."""
+        base = getattr(target_model, "model", target_model)
+        return cls(lm, base.norm.weight, target_model.lm_head.weight,
+                   float(target_model.config.rms_norm_eps), cfg.draft.num_speculative_tokens,
+                   cfg.train.ce_weight)
+
+    # ----------------------------------------------------------------- training
+
+    def target_logits(self, last: torch.Tensor) -> torch.Tensor:
+        """last [N, H] (target pre-norm) -> target logits [N, V] (fp32, no grad)."""
+        return losses.target_logits_from_last(last, self.target_norm, self.target_lm_head,
+                                              self.eps)
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """Distillation loss over a right-padded batch (see the module docstring)."""
+        ids, valid = batch["input_ids"], batch["attention_mask"].bool()  # [B, T]
+        learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
+        need = valid & _next(learn)  # [B, T] positions p whose x_{p+1} is learned
+        hidden = self.lm.get_decoder()(input_ids=ids, attention_mask=batch["attention_mask"],
+                                       use_cache=False).last_hidden_state  # [B, T, Hd] normed
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
+            else torch.float32  # the lm_head matmuls follow train.dtype
+        head = self.lm.get_output_embeddings().weight  # [V, Hd] (tied: the embedding)
+        loss_sum, kl_sum, ce_sum, hits = losses.LinearDistill.apply(
+            hidden[need], head, batch["last"][need], _next(ids)[need],  # [N, Hd], [N, H], [N]
+            self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.chunk, dtype)
+        correct = torch.zeros_like(need)  # [B, T]
+        correct[need] = hits
+        n = max(1, int(need.sum()))
+        return loss_sum / n, losses.metrics(correct, need, self.k, float(kl_sum), float(ce_sum))
+
+    # ----------------------------------------------------------------- save
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """The draft LM alone as an HF dir (config.json + model.safetensors); no target parts."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.lm.save_pretrained(directory, safe_serialization=True)
+        return directory
+
+
+def _next(x: torch.Tensor) -> torch.Tensor:
+    """x[:, p] <- x[:, p+1], zero/False at the end: [B, T] -> [B, T]."""
+    return torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], dim=1)
