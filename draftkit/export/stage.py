@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, hardware
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
@@ -232,7 +232,8 @@ def parity_check(run_dir: Path, export_dir: Path, cfg, llm=None) -> dict:
     gap = abs(measured - sim) if measured is not None and sim is not None else None
     result = {"vllm_al": measured, "sim_al": sim, "gap": gap, "k": k, "temperature": 0.0,
               "prompts": len(prompts), "max_new_tokens": cfg.eval.max_new_tokens,
-              "dtype": cfg.eval.dtype, "batch_size": len(prompts), "spec": counters,
+              "dtype": hardware.resolve(cfg.eval.dtype, key="eval.dtype"),
+              "batch_size": len(prompts), "spec": counters,
               "tokens_per_s": run["tokens_per_s"], "check_s": time.perf_counter() - t0,
               "warning": None}
     if measured is None:

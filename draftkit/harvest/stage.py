@@ -8,7 +8,7 @@
 (accelerate 1.x starts a single process for `--cpu`; `--multi_gpu` spawns the ranks via
 torchrun, and on a machine without CUDA they join a gloo group on the CPU.)
 
-What is stored (vLLM convention, DESIGN.md). For a 30-layer target with aux ids [2, 15, 27]:
+What is stored (vLLM convention, docs/design.md). For a 30-layer target with aux ids [2, 15, 27]:
 `aux` [T, 3*H] = [entering layers[2] | entering layers[15] | entering layers[27]] = the outputs
 of layers[1], layers[14], layers[26] (residual added); `last` [T, H] = output of layers[29]
 (id 30) *before* the final norm, so lm_head(norm(last)) reproduces the target's logits. The
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
@@ -116,7 +116,7 @@ def _load_split(run_dir: Path, split: str):
 def _header(cfg: RunConfig, split: str, device: str) -> dict:
     t, h = cfg.target, cfg.harvest
     shards.store_dtype(h.dtype)
-    compute = str(target_load.resolve_dtype(t.dtype, device)).removeprefix("torch.")
+    compute = hardware.resolve(t.dtype, device, key="target.dtype")
     return {
         "split": split,
         "target": {"name": t.name, "hub_id": t.hub_id, "revision": t.revision,

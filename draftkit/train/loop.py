@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftkit.core import artifacts
+from draftkit.core import artifacts, hardware
 from draftkit.core.config import TrackingConfig, TrainConfig
 
 Batch = dict[str, torch.Tensor]
@@ -57,15 +57,12 @@ def cosine_lambda(total: int, warmup: int, min_ratio: float) -> Callable[[int], 
 
 
 def autocast(cfg: TrainConfig, device: torch.device):
-    """Mixed precision for forward passes: master weights stay fp32. `train.dtype` auto =
-    bf16 on CUDA, fp32 (no autocast) on CPU; bfloat16 on a CPU with AVX512-BF16 halves matmuls."""
-    name = cfg.dtype
-    if name == "auto":
-        name = "bfloat16" if device.type == "cuda" else "float32"
-    if name in ("float32", "fp32"):
+    """Mixed precision for forward passes: master weights stay fp32. `train.dtype` auto = what
+    the hardware does natively (hardware.py): bf16 on CUDA and on CPUs with native bf16 that
+    measured faster, else fp32 (no autocast)."""
+    dtype = hardware.torch_dtype(cfg.dtype, device, key="train.dtype")
+    if dtype == torch.float32:
         return contextlib.nullcontext()
-    dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-             "fp16": torch.float16}[name]
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
