@@ -111,6 +111,7 @@ class TrainConfig:
     max_steps: int = 0  # 0 = epochs decide
     batch_tokens: int = 8192  # tokens per micro-batch (sequences packed by length)
     grad_accum: int = 1
+    num_workers: int = 1  # offline: DataLoader processes reading shards ahead (0 = in-process)
     lr: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
     warmup_ratio: float = 0.05

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, config, hardware
+from draftkit.core import artifacts, batching, config, hardware
 from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
@@ -51,35 +51,14 @@ SPLITS = ("train", "eval")
 
 
 def plan_batches(lengths: list[int], batch_tokens: int, padding: bool) -> list[list[int]]:
-    """Positions into `lengths` grouped into forwards of <= batch_tokens (padded) tokens.
-
-    Sorted by (length, position). padding=False cuts at every length change, so a forward never
-    pads: lengths [4, 3, 4, 3, 5], batch_tokens 8 -> [[1, 3], [0, 2], [4]]. padding=True packs
-    B * T_max <= batch_tokens: same input -> [[1, 3], [0, 2], [4]] with batch_tokens 8, and
-    [[1, 3, 0], [2, 4]] with batch_tokens 12.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    plan: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        n = lengths[i]  # ascending: n is the batch's new T_max
-        if cur and ((not padding and n != lengths[cur[0]]) or (len(cur) + 1) * n > batch_tokens):
-            plan.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        plan.append(cur)
-    return plan
+    """Forwards of <= batch_tokens tokens; without `padding` only equal lengths share one
+    (core/batching.py: lengths [4, 3, 4, 3, 5], batch_tokens 8 -> [[1, 3], [0, 2], [4]])."""
+    return batching.plan_batches(lengths, batch_tokens, equal_lengths=not padding)
 
 
 def pad_right(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[B, T_max] input ids (right-padded with 0) and attention mask; mask None if no padding."""
-    t = max(len(s) for s in seqs)
-    x = torch.zeros(len(seqs), t, dtype=torch.long)  # [B, T]
-    mask = torch.zeros(len(seqs), t, dtype=torch.long)  # [B, T]
-    for b, s in enumerate(seqs):
-        x[b, :len(s)] = s
-        mask[b, :len(s)] = 1
+    x, mask = batching.pad_right(seqs, torch.long)  # [B, T], [B, T]
     return x, (None if bool(mask.all()) else mask)
 
 

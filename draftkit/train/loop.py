@@ -5,9 +5,12 @@ with `--cpu` here), gradient accumulation, AdamW with a cosine schedule and warm
 checkpoints that resume *exactly* (same batches, same RNG, same loss curve), evaluation with
 best-checkpoint selection, wandb logging (offline without a key) and a tqdm progress line.
 
-Batches come from `batches(epoch) -> Sequence[batch]` (indexed lazily), a pure function of the epoch, so a resumed
+Batches come from `batches(epoch) -> Sequence[batch]` (built when indexed, or read ahead by its
+`stream(indices)` when it has one: train/data.py), a pure function of the epoch, so a resumed
 run re-derives the same order and skips what it already consumed. Each rank takes every
-`world`-th micro-batch. A checkpoint dir is complete once its `meta.json` exists (written last).
+`world`-th micro-batch. An epoch must hold at least one optimizer step (grad_accum x processes
+micro-batches), else training stops with an error instead of spinning through empty epochs.
+A checkpoint dir is complete once its `meta.json` exists (written last).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from draftkit.core import artifacts, hardware
 from draftkit.core.config import TrackingConfig, TrainConfig
+from draftkit.core.errors import DraftkitError
 
 Batch = dict[str, torch.Tensor]
 
@@ -64,6 +68,22 @@ def autocast(cfg: TrainConfig, device: torch.device):
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def check_epoch(n_micro: int, grad_accum: int, processes: int) -> None:
+    """An epoch of `n_micro` micro-batches must fill one optimizer step."""
+    if n_micro < grad_accum * processes:
+        raise DraftkitError(
+            f"an epoch has {n_micro} micro-batch(es) but one optimizer step takes train.grad_accum"
+            f" x processes = {grad_accum} x {processes} = {grad_accum * processes}, so training "
+            "would never step. Lower train.batch_tokens (more, smaller micro-batches), lower "
+            "train.grad_accum or the process count, or add data.")
+
+
+def _stream(epoch_batches: Sequence[Batch], indices: range) -> Iterator[Batch]:
+    if hasattr(epoch_batches, "stream"):
+        return epoch_batches.stream(indices)
+    return (epoch_batches[j] for j in indices)
 
 
 def _rng_state() -> dict:
@@ -136,6 +156,7 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
 
     n_micro = len(batches(0))
     per_step = cfg.grad_accum * acc.num_processes
+    check_epoch(n_micro, cfg.grad_accum, acc.num_processes)
     steps_per_epoch = max(1, n_micro // per_step)
     total = cfg.max_steps or cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
@@ -156,10 +177,11 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
     while state.step < total:
         epoch_batches = batches(state.epoch)
         usable = (len(epoch_batches) // per_step) * per_step
+        # this rank's micro-batches from here to the epoch's end: j = micro + rank + world * t
+        stream = _stream(epoch_batches, range(state.micro + acc.process_index, usable,
+                                              acc.num_processes))
         while state.micro < usable and state.step < total:
-            # this rank's micro-batches of the group (materialised lazily: online capture)
-            mine = [epoch_batches[j] for j in range(state.micro + acc.process_index,
-                                                    state.micro + per_step, acc.num_processes)]
+            mine = [next(stream) for _ in range(cfg.grad_accum)]  # this rank's share of the step
             losses, metrics = [], {}
             for i, batch in enumerate(mine):
                 last = i == len(mine) - 1
@@ -190,9 +212,11 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
             if state.step % cfg.save_every == 0 or state.step == total:
                 _save_checkpoint(ckpt_root, raw, opt, sched, state, history, acc)
             if stop_after is not None and steps_this_call >= stop_after:
+                stream.close()  # stops the DataLoader workers
                 bar.close()
                 tracker.finish()
                 return FitResult(state, history, _best_dir(out_dir))
+        stream.close()
         if state.micro >= usable:
             state.epoch += 1
             state.micro = 0
