@@ -5,7 +5,10 @@ bf16 hidden states per token) gets a harvest in the shard format (`harvest/shard
 random token sequences (lengths 64-512) whose hidden states are random too: training reads
 them exactly as it reads the target's (bench_harvest.py measures the harvest itself). Then,
 each in a fresh process:
-- `materialise`: what offline training did before streaming, `list(open_harvest(..).sequences())`;
+- `materialise`: what offline training did before streaming, `list(open_harvest(..).sequences())`,
+  then every value read once (as an epoch does);
+- `stream`: the data path alone: one epoch of train batches (train/data.py) read through a
+  DataLoader worker and dropped, no model;
 - `train`: one epoch of `draftkit train` (EAGLE-3 head, streamed through a DataLoader worker).
 Peak RSS is the process's VmHWM; peak PSS is the largest sum, sampled every 50 ms, of the
 proportional set sizes of the process and its DataLoader workers (shared pages counted once). Train tokens/s = harvest
@@ -123,6 +126,18 @@ def child(mode: str, run: Path) -> dict:
 
         seqs = list(open_harvest(artifacts.RunPaths(run).harvest).sequences())
         tokens = sum(int(s["input_ids"].shape[0]) for s in seqs)
+        for s in seqs:  # read every value once, as an epoch of training does
+            s["aux"].float().sum() + s["last"].float().sum()
+    elif mode == "stream":
+        from draftkit.core import artifacts, config
+        from draftkit.harvest.shards import open_harvest
+        from draftkit.train.data import BatchBuilder, HarvestSource, PlannedBatches, epoch_plan
+
+        cfg = config.load(run, OVERRIDES)
+        source = HarvestSource([open_harvest(artifacts.RunPaths(run).harvest)])
+        plan = epoch_plan(source.lengths(), cfg.train.batch_tokens, cfg.train.seed, 0)
+        batches = PlannedBatches(plan, BatchBuilder(source, torch.float32), cfg.train.num_workers)
+        tokens = sum(int(b["attention_mask"].sum()) for b in batches.stream(range(len(plan))))
     else:
         from draftkit.core import artifacts
         from draftkit.train.stage import train
@@ -157,7 +172,7 @@ def one_size(root: Path, tokens: int, seed: int) -> dict:
     files = sum(f.stat().st_size for f in artifacts.RunPaths(run).harvest.glob("shard-*"))
     return {"tokens": man["total_tokens"], "sequences": man["total_sequences"],
             "shards": len(man["shards"]), "harvest_mib": files / 2**20,
-            "materialise": measure(run, "materialise"), "train": measure(run, "train")}
+            **{mode: measure(run, mode) for mode in ("materialise", "stream", "train")}}
 
 
 def write_results(res: dict, out: Path) -> None:
@@ -176,23 +191,27 @@ def write_results(res: dict, out: Path) -> None:
           f"{res['train_dtype']}, one torch thread, {h['cpu_model']} "
           f"({h['cpu_count']} shared cores). Each measurement in a fresh process: peak RSS = its "
           "VmHWM; peak PSS = the process plus its DataLoader worker, shared pages counted once.",
-          "", "| harvest | shard files | materialise (old: list(sequences())): peak RSS | "
-          "train 1 epoch, streamed: peak RSS | peak PSS incl. worker | train tokens/s |",
-          "|---|---|---|---|---|---|"]
+          "", "| harvest | shard files | materialised (old: list(sequences()), read once): "
+          "peak RSS | data stream, 1 epoch: peak RSS / PSS incl. worker | data tokens/s | "
+          "train 1 epoch, streamed: peak RSS / PSS incl. worker | train tokens/s |",
+          "|---|---|---|---|---|---|---|"]
     for s in res["sizes"]:
-        m, t = s["materialise"], s["train"]
+        m, d, t = s["materialise"], s["stream"], s["train"]
         md.append(f"| {s['tokens']:,} tokens, {s['shards']} shards | {s['harvest_mib']:.0f} MiB | "
-                  f"{m['peak_rss_mib']:.0f} MiB | {t['peak_rss_mib']:.0f} MiB | "
-                  f"{t['peak_pss_mib']:.0f} MiB | {t['tokens_per_s']:,.0f} |")
+                  f"{m['peak_rss_mib']:.0f} MiB | {d['peak_rss_mib']:.0f} / "
+                  f"{d['peak_pss_mib']:.0f} MiB | {d['tokens_per_s']:,.0f} | "
+                  f"{t['peak_rss_mib']:.0f} / {t['peak_pss_mib']:.0f} MiB | "
+                  f"{t['tokens_per_s']:,.0f} |")
     a, b = res["sizes"][0], res["sizes"][-1]
 
     def grew(mode: str, key: str) -> str:
         return f"{b[mode][key] - a[mode][key]:+.0f} MiB"
 
     md += ["", f"Harvest x{b['tokens'] / a['tokens']:.1f}: materialised peak RSS "
-           f"{grew('materialise', 'peak_rss_mib')}; streamed training peak RSS "
-           f"{grew('train', 'peak_rss_mib')}, peak PSS with the worker "
-           f"{grew('train', 'peak_pss_mib')}.", ""]
+           f"{grew('materialise', 'peak_rss_mib')}; data stream peak RSS "
+           f"{grew('stream', 'peak_rss_mib')} (PSS with the worker {grew('stream', 'peak_pss_mib')});"
+           f" training peak RSS {grew('train', 'peak_rss_mib')} (PSS "
+           f"{grew('train', 'peak_pss_mib')}).", ""]
     artifacts.write_text_atomic(out / "bench_stream.md", "\n".join(md))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     labels = [f"{s['tokens'] / 1000:.0f}k tok" for s in res["sizes"]]
@@ -201,8 +220,8 @@ def write_results(res: dict, out: Path) -> None:
              label="materialised (old)")
     ax1.plot(x, [s["train"]["peak_rss_mib"] for s in res["sizes"]], "o-",
              label="streamed training")
-    ax1.plot(x, [s["train"]["peak_pss_mib"] for s in res["sizes"]], "o--",
-             label="streamed training, PSS incl. worker")
+    ax1.plot(x, [s["stream"]["peak_pss_mib"] for s in res["sizes"]], "o-",
+             label="data stream, PSS incl. worker")
     ax1.set_xticks(list(x), labels)
     ax1.set_ylabel("peak RSS (MiB)")
     ax1.legend()

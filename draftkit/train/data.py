@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from draftkit.core import batching
 from draftkit.harvest.shards import HarvestSet
+from draftkit.train.loop import trim_heap
 
 Seq = dict[str, torch.Tensor]  # one sequence: aux [T,A*H], last [T,H], input_ids [T], loss_mask [T]
 
@@ -90,7 +91,9 @@ class _PlanItems(Dataset):
         return len(self.plan)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return self.build(self.plan[i])
+        batch = self.build(self.plan[i])
+        trim_heap()  # in the worker: its heap would keep each batch's freed temporaries
+        return batch
 
 
 class PlannedBatches(Sequence):
