@@ -15,7 +15,7 @@ proportional set sizes of the process and its DataLoader workers (shared pages c
 tokens / the loop's time (loop.py's train_s_this_call: model and data setup not counted).
 Writes results/bench_stream.{json,md,png}.
 
-    python scripts/bench_stream.py                       # ~4 min on 2 busy CPU cores
+    python scripts/bench_stream.py --mid                 # ~10 min on 2 busy CPU cores
     python scripts/bench_stream.py --tokens 10000 --scale 3   # smoke run
 """
 
@@ -237,6 +237,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=50_000, help="train tokens of the small harvest")
     ap.add_argument("--scale", type=int, default=10, help="the large harvest is this many times more")
+    ap.add_argument("--mid", action="store_true", help="also a size in between (x scale/2.5)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--child", nargs=2, metavar=("MODE", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -246,8 +247,9 @@ def main() -> None:
     from draftkit.core import hardware
 
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = [one_size(Path(tmp), n, seed) for seed, n in
-                 enumerate((args.tokens, args.tokens * args.scale))]
+        counts = [args.tokens, *([int(args.tokens * args.scale / 2.5)] if args.mid else []),
+                  args.tokens * args.scale]
+        sizes = [one_size(Path(tmp), n, seed) for seed, n in enumerate(counts)]
     res = {"target": TARGET, "hardware": hardware.summary(), "overrides": OVERRIDES,
            "train_dtype": hardware.resolve("auto"),
            "sizes": sizes}
