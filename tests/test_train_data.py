@@ -4,6 +4,8 @@ no shard mapped; an epoch smaller than grad_accum x processes stops with a clear
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -117,6 +119,8 @@ def test_streamed_training_resumes_exactly(tmp_path, one_thread):
     assert res_a.state.step == res_b.state.step == 9 and res_a.state.epoch >= 1
     assert [r["loss"] for r in res_a.history] == [r["loss"] for r in res_b.history]
     assert torch.equal(model_a.lin.weight, model_b.lin.weight)
+    best = json.loads((tmp_path / "a" / "best" / "meta.json").read_text())  # says what ran where
+    assert best["hardware"]["cpu_model"] and "cpu_flags" in best["hardware"]
 
 
 @pytest.mark.timeout(120)

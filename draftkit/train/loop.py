@@ -270,7 +270,8 @@ def _evaluate(raw, evaluate, state: LoopState, out_dir: Path, acc, select_metric
             with artifacts.atomic_dir(out_dir / "best", overwrite=True) as tmp:
                 _save_model(raw, tmp)
                 artifacts.write_json_atomic(tmp / "meta.json",
-                                            {"step": state.step, "eval": metrics})
+                                            {"step": state.step, "eval": metrics,
+                                             "hardware": hardware.summary()})
         acc.wait_for_everyone()
     return {f"eval/{k}": v for k, v in metrics.items()}
 
@@ -283,7 +284,8 @@ def _save_checkpoint(root: Path, raw, opt, sched, state: LoopState, history: lis
             torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                         "rng": _rng_state(), "state": asdict(state), "history": history},
                        tmp / "trainer.pt")
-            artifacts.write_json_atomic(tmp / "meta.json", {"step": state.step})
+            artifacts.write_json_atomic(tmp / "meta.json", {"step": state.step,
+                                                            "hardware": hardware.summary()})
         for old in sorted(root.glob("step-*"))[:-2]:  # keep the two newest
             shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
