@@ -38,6 +38,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python scripts/bench_harvest.py
+	$(BIN)/python scripts/bench_stream.py --mid
 	$(BIN)/python scripts/bench_eagle3.py
 	$(BIN)/python scripts/bench_draft_lm.py
 

@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("targets", help="list the registered targets")
 
+    q = sub.add_parser("env", help="hardware, versions, vLLM plugin, what dtype auto resolves to")
+    q.add_argument("run", nargs="?", default=None, help="a run dir (default: config defaults)")
+    q.add_argument("overrides", nargs="*", help="key=value config overrides")
+
     for verb, (_m, _f, help_) in STAGES.items():
         q = sub.add_parser(verb, help=help_)
         q.add_argument("run", help="run dir (or its draftkit.yaml)")
@@ -110,6 +114,12 @@ def run(argv: list[str] | None = None) -> int:
         for info in map(registry.lookup, registry.names()):
             print(f"{info.name:24s} {info.hub_id or '(in-process)':40s} layers={info.num_hidden_layers}"
                   f" hidden={info.hidden_size} vocab={info.vocab_size}")
+    elif args.verb == "env":
+        from draftkit.core.env import render, report
+
+        if args.run and "=" in args.run and not Path(args.run).exists():  # `env key=value`
+            args.run, args.overrides = None, [args.run, *args.overrides]
+        print(render(report(args.run, args.overrides)))
     elif args.verb == "project":
         from draftkit.rl.project import project_step, render
 

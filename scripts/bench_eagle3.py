@@ -118,7 +118,8 @@ def write(report: dict, run: Path, timings: dict, out: Path) -> None:
     from draftkit.core import artifacts
 
     rows = report["vllm"]["rows"]
-    bench = {"run": str(run), "budget": _budget(run), "timings_s": timings,
+    bench = {"run": str(run), "hardware": report.get("hardware"), "budget": _budget(run),
+             "timings_s": timings,
              "settings": report["settings"], "rows": rows,
              "eval_report": report.get("files", {})}
     artifacts.write_json_atomic(out / "bench_eagle3.json", bench)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, hardware
 from draftkit.core.init import init_run
 from draftkit.prepare import mathgen
 from draftkit.serving import vllm_engine
@@ -48,7 +48,8 @@ def prompts(tok, n: int) -> list[list[int]]:
 
 
 def regenerate(path: Path, prompt_ids: list[list[int]], max_tokens: int, batch: int) -> dict:
-    spec = vllm_engine.EngineSpec(model=str(path), dtype="bfloat16", max_num_seqs=batch)
+    dtype = hardware.resolve("auto")  # bf16 where native, else fp32 (core/hardware.py)
+    spec = vllm_engine.EngineSpec(model=str(path), dtype=dtype, max_num_seqs=batch)
     t0 = time.perf_counter()
     with vllm_engine.engine(spec) as llm:
         start_s = time.perf_counter() - t0
@@ -56,7 +57,7 @@ def regenerate(path: Path, prompt_ids: list[list[int]], max_tokens: int, batch: 
         gen = vllm_engine.generate(llm, prompt_ids, vllm_engine.sampling(0.0, max_tokens),
                                    batch_size=batch)
     return {"engine_start_s": start_s, "prompts": len(prompt_ids), "batch_size": batch,
-            "max_tokens": max_tokens, "temperature": 0.0, "dtype": "bfloat16",
+            "max_tokens": max_tokens, "temperature": 0.0, "dtype": dtype,
             "output_tokens": gen.num_tokens, "seconds": gen.seconds,
             "tokens_per_s": gen.num_tokens / gen.seconds, "outputs": gen.token_ids}
 
@@ -120,9 +121,10 @@ def write_results(res: dict, out: Path) -> None:
     artifacts.write_json_atomic(out / "bench_harvest.json", res)
     h, b, g = res["harvest"], res["bare_forward"], res["regeneration"]
     rows = [
-        (f"vLLM regeneration (batch {g['batch_size']}, T=0, bf16)", g["tokens_per_s"], ""),
-        ("bare forward incl. lm_head (fp32, same batches)", b["tokens_per_s"], "1.00x"),
-        ("harvest, capture + write shards (fp32 -> bf16)", h["tokens_per_s"],
+        (f"vLLM regeneration (batch {g['batch_size']}, T=0, {g['dtype']})", g["tokens_per_s"], ""),
+        (f"bare forward incl. lm_head ({res['target_dtype']}, same batches)", b["tokens_per_s"],
+         "1.00x"),
+        (f"harvest, capture + write shards ({res['target_dtype']} -> bf16)", h["tokens_per_s"],
          f"{res['harvest_vs_bare']:.2f}x"),
         ("harvest end to end (load, plan, verify, manifest)", h["end_to_end_tokens_per_s"],
          f"{h['end_to_end_tokens_per_s'] / b['tokens_per_s']:.2f}x"),
@@ -183,13 +185,15 @@ def main() -> None:
             bares.append(bare_forward(model, run))
             harvests.append(run_harvest(run))
         aux_ids = config.load(run).draft.aux_layer_ids
+        target_dtype = hardware.resolve(config.load(run).target.dtype)
     bare = dict(min(bares, key=lambda r: r["seconds"]))
     bare["tokens_per_s"] = bare["tokens"] / bare["seconds"]
     h = dict(min(harvests, key=lambda r: r["compute_s"]))
     h["tokens_per_s"] = h["tokens"] / h["compute_s"]
     h["end_to_end_tokens_per_s"] = h["tokens"] / min(r["wall_s"] for r in harvests)
     assert h["tokens"] == bare["tokens"], (h["tokens"], bare["tokens"])
-    res = {"target": TARGET, "aux_layer_ids": aux_ids, "sequences": min(n, args.prompts),
+    res = {"target": TARGET, "hardware": hardware.summary(),
+           "target_dtype": target_dtype, "aux_layer_ids": aux_ids, "sequences": min(n, args.prompts),
            "torch_threads": torch.get_num_threads(), "regeneration": regen,
            "bare_forward": bare, "harvest": h, "harvest_vs_bare": h["tokens_per_s"] /
            bare["tokens_per_s"], "all_runs": {"harvest": harvests, "bare_forward": bares}}

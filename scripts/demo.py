@@ -60,6 +60,9 @@ def main() -> int:
         return 2
     summary = _summary(result)
     summary["timings_s"] = timings
+    from draftkit.core import hardware
+
+    summary["hardware"] = hardware.summary()
     artifacts.write_json_atomic(run / "demo-summary.json", summary)
     print("\n" + json.dumps(summary, indent=2))
     return 0

@@ -11,6 +11,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# dtype `auto` as on a CPU without native bf16 (fp32), in every process tests start: results do
+# not depend on the CI machine's CPU (tests/test_hardware.py covers the resolution itself).
+os.environ.setdefault("DRAFTKIT_CPU_BF16", "0")
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,7 +17,7 @@ from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
 from draftkit.drafts.eagle3.losses import simulated_al
-from draftkit.export.stage import export
+from draftkit.export.stage import export, load_speculative_config, portable
 
 OVERRIDES = ["draft.draft_vocab_size=256", "draft.aux_layer_ids=[1,3,5]",
              "draft.norm_before_residual=true", "draft.norm_output=true"]
@@ -49,7 +50,12 @@ def test_export_writes_the_speculators_dir(best):
     layer = cfg["transformer_layer_config"]
     assert (layer["model_type"], layer["num_hidden_layers"], layer["vocab_size"]) == ("llama", 1, 512)
     assert json.loads((out / "speculative_config.json").read_text()) == {
-        "method": "eagle3", "model": str(out), "num_speculative_tokens": 3}
+        "method": "eagle3", "model": ".", "num_speculative_tokens": 3}  # relocatable
+    assert load_speculative_config(out)["model"] == str(out)
+    assert sc["verifier"]["name_or_path"] == "tiny-llama" and cfg["draftkit"]["target"] == "tiny-llama"
+    for served in ("config.json", "speculative_config.json", "README.md"):  # no local path
+        text = (out / served).read_text()
+        assert str(run.parent) not in text and str(artifacts.home()) not in text, served
     tensors = load_file(str(out / "model.safetensors"))
     assert "embed_tokens.weight" not in tensors and tensors["d2t"].dtype == torch.int64
     for name, value in model.export_state_dict().items():
@@ -69,6 +75,23 @@ def test_export_out_and_k_overrides_through_the_cli(best, tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2
     assert json.loads((out / "speculative_config.json").read_text())["num_speculative_tokens"] == 2
+
+
+def test_the_verifier_is_named_by_its_hub_id_or_name():
+    from draftkit.core.init import resolve
+
+    spec = make_spec()
+    cases = {"smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m"),
+             "Qwen3-8B": ("Qwen/Qwen3-8B", "Qwen3-8B"), "tiny-llama": ("tiny-llama", "tiny-llama")}
+    for target, (verifier, name) in cases.items():
+        got = portable(dataclasses.replace(spec, verifier_name_or_path="/abs/cache/dir"),
+                       resolve(target, "math"))
+        assert (got.verifier_name_or_path, got.target_name) == (verifier, name), target
+    from draftkit.target.load import target_dir
+
+    local = target_dir("tiny-llama")  # a local HF dir as the target: named by its dir name
+    got = portable(spec, resolve(str(local), "math"))
+    assert got.verifier_name_or_path == got.target_name == local.name
 
 
 def test_export_without_checkpoint_names_the_train_command(tmp_path):

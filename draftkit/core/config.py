@@ -48,7 +48,7 @@ class TargetConfig:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     params_b: float = 0.0  # parameter count in billions
-    dtype: str = "auto"  # auto = bfloat16 on CUDA, float32 on CPU
+    dtype: str = "auto"  # forward dtype; auto = native bf16 (CUDA, AVX512-BF16/AMX) else fp32
 
 
 @dataclass
@@ -92,7 +92,7 @@ class DataConfig:
     regen_top_p: float = 1.0
     regen_max_new_tokens: int = 512
     regen_batch_size: int = 64  # prompts per engine call (also the resume granularity)
-    regen_dtype: str = "bfloat16"  # vLLM dtype for regeneration and self-instruct
+    regen_dtype: str = "auto"  # vLLM dtype for regeneration and self-instruct (auto: hardware.py)
     self_instruct: int = 0  # target-written prompts (Magpie-style) added to TRAIN before regen
     self_instruct_temperature: float = 1.0  # sampling temperature for target-written prompts
 
@@ -101,7 +101,7 @@ class DataConfig:
 class HarvestConfig:
     shard_tokens: int = 16384  # tokens per safetensors shard
     batch_tokens: int = 8192  # tokens per target forward (packed by length)
-    dtype: str = "bfloat16"  # storage dtype of hidden states
+    dtype: str = "bfloat16"  # storage dtype of hidden states (no arithmetic runs in it)
     # false: a forward batches only equal-length sequences, so stored states are bit-identical
     # to each sequence's unpadded forward; true: pad length-sorted batches (faster on GPU,
     # last-bit fp32 differences from the padded attention reductions).
@@ -118,6 +118,7 @@ class TrainConfig:
     max_steps: int = 0  # 0 = epochs decide
     batch_tokens: int = 8192  # tokens per micro-batch (sequences packed by length)
     grad_accum: int = 1
+    num_workers: int = 1  # offline: DataLoader processes reading shards ahead (0 = in-process)
     lr: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
     warmup_ratio: float = 0.05
@@ -127,7 +128,7 @@ class TrainConfig:
     save_every: int = 100
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # autocast dtype; auto = bfloat16 on CUDA, float32 on CPU
+    dtype: str = "auto"  # autocast dtype; auto = native bf16 (CUDA, AVX512-BF16/AMX) else fp32
     # warm start: a speculators-format head (train/best, a checkpoint, an export, or a run dir =
     # its train/best); its weights AND its draft vocab are the starting point (refresh jobs).
     # draft-lm: a trained draft LM's HF dir (the same places), instead of draft.init
@@ -148,7 +149,7 @@ class EvalConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
     num_prompts: int = 32  # eval prompts from the recipe's held-out split
     max_new_tokens: int = 256
-    dtype: str = "bfloat16"  # vLLM dtype for measurements
+    dtype: str = "auto"  # vLLM dtype for measurements (auto: hardware.py)
     seed: int = 0
     reference_prompts: int = 4  # prompts the torch reference decoder runs (no KV cache: slow)
     results_dir: str = "results"  # where eval-<run>-<time>.{json,md,png} go (relative to cwd)

@@ -21,19 +21,17 @@ from draftkit.core import artifacts, config, registry
 from draftkit.core.config import ConfigError, RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import TargetInfo
+from draftkit.core.resources import configs_dir, recipes_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIGS_DIR = REPO_ROOT / "configs"
-RECIPES_DIR = REPO_ROOT / "data_recipes"
 DRAFT_KINDS = ("eagle3", "draft-lm")
 
 
 def recipe_names() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in recipes_dir().glob("*.yaml"))
 
 
 def check_recipe(name: str) -> Path:
-    path = RECIPES_DIR / f"{name}.yaml"
+    path = recipes_dir() / f"{name}.yaml"
     if path.is_file():
         return path
     if Path(name).is_file():
@@ -41,7 +39,7 @@ def check_recipe(name: str) -> Path:
     near = difflib.get_close_matches(name, recipe_names(), n=2)
     hint = f" Did you mean {' or '.join(near)}?" if near else ""
     raise DraftkitError(f"unknown data recipe {name!r}.{hint} Known recipes: "
-                        f"{', '.join(recipe_names())} (files in {RECIPES_DIR}), or a path to a "
+                        f"{', '.join(recipe_names())} (files in {recipes_dir()}), or a path to a "
                         "recipe YAML.")
 
 
@@ -58,7 +56,7 @@ def draft_vocab_rule(target_vocab: int) -> int:
 
 def template_layers(kind: str, info: TargetInfo) -> list[Path]:
     names = [f"{kind}.yaml", f"{kind}-{info.family}.yaml", f"{kind}-{info.name}.yaml"]
-    return [CONFIGS_DIR / n for n in names if (CONFIGS_DIR / n).is_file()]
+    return [configs_dir() / n for n in names if (configs_dir() / n).is_file()]
 
 
 def _fill_target(cfg: RunConfig, info: TargetInfo) -> None:

@@ -3,8 +3,8 @@
 Shapes are facts copied from each model's published `config.json`. A name resolves by exact
 registry key, by its hub id, or by the hub id's basename (`Qwen3-8B`, `Qwen/Qwen3-8B`). Local
 HF directories are not in the registry: `shapes_from_hf_config` reads their `config.json`.
-`tiny-llama` is a random model built in-process (no download) so tests and smoke runs take the
-same code path as the real targets.
+`tiny-llama` and `tiny-qwen3` are random models built in-process (no download) so tests and
+smoke runs take the same code path as the real targets.
 """
 
 from __future__ import annotations
@@ -138,6 +138,25 @@ _TARGETS: list[TargetInfo] = [
         tie_word_embeddings=False,
         source=SOURCE_RANDOM,
         params_b=0.0001,
+    ),
+    TargetInfo(  # Qwen3 architecture (q/k norms) + the real Qwen3 vocabulary, random weights
+        name="tiny-qwen3",
+        hub_id="",
+        family="qwen3",
+        architecture="Qwen3ForCausalLM",
+        num_hidden_layers=8,  # default aux ids [2, 4, 5]
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        intermediate_size=256,
+        vocab_size=151936,  # Qwen3's embedding rows (151669 tokens, padded)
+        max_position_embeddings=2048,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        source=SOURCE_RANDOM,
+        params_b=0.02,
     ),
     _qwen3("0.6B", 28, 1024, 16, 8, 3072, True, 0.6),
     _qwen3("1.7B", 28, 2048, 16, 8, 6144, True, 1.7),

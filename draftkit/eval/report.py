@@ -49,6 +49,10 @@ def markdown(rep: dict) -> str:
              f"{s['mean_prompt_tokens']:.0f} tokens), max_new_tokens {s['max_new_tokens']}, "
              f"vLLM dtype {s['dtype']} (reference decoder and costs: torch fp32), seed "
              f"{s['seed']}, {rep['created']}", ""]
+    if "hardware" in rep:
+        h = rep["hardware"]
+        lines[-1:-1] = [f"Ran on: {h['device']}, CPU {h['cpu_model']} ({h['cpu_count']} cores; "
+                        f"flags {' '.join(h['cpu_flags'])})"]
     if "vllm" in rep:
         lines += ["## vLLM", "",
                   "| method | k | T | batch | AL | acceptance per position | tok/s | speedup "

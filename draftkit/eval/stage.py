@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.eval import report
@@ -141,10 +141,11 @@ def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> di
         "target": {"name": cfg.target.name, "hidden_size": cfg.target.hidden_size,
                    "vocab_size": cfg.target.vocab_size},
         "draft": {"kind": cfg.draft.kind, "dir": str(export_dir)},
+        "hardware": hardware.summary(),
         "settings": {"engine": e.engine, "k_values": list(e.k_values),
                      "temperatures": list(e.temperatures), "batch_sizes": list(e.batch_sizes),
                      "prompts": len(prompts), "max_new_tokens": e.max_new_tokens,
-                     "dtype": e.dtype, "seed": e.seed, "reference_prompts": e.reference_prompts,
+                     "dtype": hardware.resolve(e.dtype, key="eval.dtype"), "seed": e.seed, "reference_prompts": e.reference_prompts,
                      "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts)},
     }
 
@@ -210,7 +211,7 @@ def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
     k = cfg.draft.num_speculative_tokens if cfg.draft.num_speculative_tokens in e.k_values \
         else max(e.k_values)
     b = min(e.batch_sizes)
-    if e.dtype == "float32" and 0.0 in e.temperatures:
+    if hardware.resolve(e.dtype, key="eval.dtype") == "float32" and 0.0 in e.temperatures:
         plain, spec, source = outputs[("none", None, 0.0, b)], outputs[(kind, k, 0.0, b)], "reused"
     else:
         params = vllm_engine.sampling(0.0, e.max_new_tokens)
@@ -245,10 +246,10 @@ def compare(plain: list[list[int]], spec: list[list[int]]) -> dict:
 
 
 def load_torch_models(cfg, export_dir: Path):
-    """(Target, draft module) in fp32 on CPU (auto dtype) for the reference decoder and costs."""
+    """(Target, draft module) in fp32 for the reference decoder and costs."""
     from draftkit.target.load import load_target
 
-    target = load_target(cfg.target.name, dtype="auto", revision=cfg.target.revision)
+    target = load_target(cfg.target.name, dtype="float32", revision=cfg.target.revision)
     device = next(target.model.parameters()).device
     if cfg.draft.kind == "eagle3":
         from draftkit.drafts.eagle3.model import Eagle3Draft

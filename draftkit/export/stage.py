@@ -12,16 +12,22 @@ snippets for vLLM, NeMo-RL and verl) and meta.json. `embed_tokens` is never expo
 then shares the target's embedding, which the draft was trained against (a frozen copy).
 The parity check (`export.check`) serves the export in vLLM at T=0 on the run's eval prompts
 and puts vLLM's measured AL next to the training-time simulated AL (check.json, meta.json).
+
+An export is relocatable: the files a server reads hold no path of the machine that wrote them.
+`speculative_config.json` names the draft as `"model": "."` (this directory: vLLM resolves it
+against its working directory; `load_speculative_config` resolves it against the file), and
+the verifier is named by its hub id where one is known, else by its registry or directory name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, config, registry
+from draftkit.core import artifacts, config, hardware, registry
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
@@ -52,7 +58,7 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
         return export_draft_lm(run)
     best = run.paths.train / "best"
     spec, tensors = load_checkpoint(best, run.paths.root)
-    spec = fmt.with_k(spec, cfg.draft.num_speculative_tokens)
+    spec = portable(fmt.with_k(spec, cfg.draft.num_speculative_tokens), cfg)
     check_against_run(spec, cfg)
     tensors.pop("embed_tokens.weight", None)  # vLLM shares the target's embedding
     fmt.check_state_dict(spec, tensors)
@@ -64,8 +70,9 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
                              {"export_s": time.perf_counter() - t0}, source=str(best),
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
+    sc = {**speculative_config(spec.num_speculative_tokens), "model": str(out)}
     print(f"exported {out}\n  vllm serve {_target_ref(spec)} --speculative-config "
-          f"'{json.dumps(vllm_engine.eagle3_config(out, spec.num_speculative_tokens))}'")
+          f"'{json.dumps(sc)}'")
     if cfg.export.check:
         try:
             parity_check(run, out)
@@ -110,6 +117,29 @@ def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
                             "fixing the run config, or export the run it was trained in.")
 
 
+def speculative_config(k: int, method: str = "eagle3") -> dict:
+    """speculative_config.json: the draft is this directory ("."), wherever it was moved."""
+    return {"method": method, "model": ".", "num_speculative_tokens": k}
+
+
+def load_speculative_config(export_dir: str | Path) -> dict:
+    """An export's speculative_config.json with `model` resolved against the export dir."""
+    export_dir = Path(export_dir)
+    sc = artifacts.read_json(export_dir / "speculative_config.json")
+    return {**sc, "model": str((export_dir / sc["model"]).resolve())}
+
+
+def portable(spec: fmt.DraftSpec, cfg) -> fmt.DraftSpec:
+    """The spec with no local path: the verifier by hub id where known (smollm2-135m ->
+    HuggingFaceTB/SmolLM2-135M-Instruct), else its registry name or directory name."""
+    from draftkit.core import registry
+
+    info = registry.lookup(cfg.target.name)
+    name = info.name if info is not None else Path(cfg.target.name).name
+    verifier = cfg.target.hub_id or (info.hub_id if info is not None else "") or name
+    return dataclasses.replace(spec, verifier_name_or_path=verifier, target_name=name)
+
+
 def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -> None:
     from safetensors.torch import save
 
@@ -117,16 +147,17 @@ def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -
     artifacts.write_bytes_atomic(tmp / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec))
     artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                vllm_engine.eagle3_config(out, spec.num_speculative_tokens))
-    artifacts.write_text_atomic(tmp / "README.md", readme(out, spec, cfg))
+                                speculative_config(spec.num_speculative_tokens))
+    artifacts.write_text_atomic(tmp / "README.md", readme(out.name, spec, cfg))
 
 
 def _target_ref(spec: fmt.DraftSpec) -> str:
     return spec.verifier_name_or_path or spec.target_name
 
 
-def readme(out: Path, spec: fmt.DraftSpec, cfg) -> str:
-    sc = json.dumps(vllm_engine.eagle3_config(out, spec.num_speculative_tokens))
+def readme(name: str, spec: fmt.DraftSpec, cfg) -> str:
+    sc = json.dumps({**speculative_config(spec.num_speculative_tokens),
+                     "model": f"/path/to/{name}"})
     target = _target_ref(spec)
     flags = ", ".join(f"{f}={getattr(spec, f)}" for f in fmt.NORM_FLAGS)
     return f"""# EAGLE-3 draft for {cfg.target.name}
@@ -136,6 +167,10 @@ Speculators-format EAGLE-3 head (one {spec.family} decoder layer) trained by dra
 (d2t included when reduced), aux layers {spec.aux_layer_ids} (vLLM convention), {flags}.
 The token embedding is not included: vLLM shares the target's. Serve it with the target it
 was trained against: `{target}`.
+
+This directory holds no path of the machine that wrote it: copy it anywhere.
+`speculative_config.json` says `"model": "."` (this directory; vLLM resolves it against its
+working directory, so run from here or put this directory's path there, as below).
 
 ## vLLM
 
@@ -206,7 +241,8 @@ def parity_check(run: Run, export_dir: Path, llm=None) -> dict:
     gap = abs(measured - sim) if measured is not None and sim is not None else None
     result = {"vllm_al": measured, "sim_al": sim, "gap": gap, "k": k, "temperature": 0.0,
               "prompts": len(prompts), "max_new_tokens": cfg.eval.max_new_tokens,
-              "dtype": cfg.eval.dtype, "batch_size": len(prompts), "spec": counters,
+              "dtype": hardware.resolve(cfg.eval.dtype, key="eval.dtype"),
+              "batch_size": len(prompts), "spec": counters,
               "tokens_per_s": m["tokens_per_s"], "check_s": time.perf_counter() - t0,
               "warning": None}
     if measured is None:

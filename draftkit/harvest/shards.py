@@ -254,9 +254,7 @@ class HarvestSet:
         """Sequence -> (shard, start, end) from each shard's seq_lens (checked vs the manifest)."""
         width = len(self.aux_layer_ids) * self.hidden_size
         for i, entry in enumerate(self.manifest["shards"]):
-            f = self._handles.get(i) or self._open(i)  # lazy: not yet verified, header only
-            if i in self._verified:
-                self._handles[i] = f
+            f = self._handles.get(i) or self._open(i)  # header + seq_lens only; not kept open
             try:
                 lens = f.get_tensor("seq_lens").tolist()
                 sample_idx = f.get_tensor("sample_idx").tolist()
@@ -280,6 +278,25 @@ class HarvestSet:
         f = self._handle(shard)
         return {name: f.get_slice(name)[start:end]
                 for name in ("aux", "last", "input_ids", "loss_mask")}
+
+    def gather(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        """Sequences `indices` (any order), each shard opened once and closed after: memory-mapped
+        slices are copied out, so nothing of the harvest stays mapped (flat RSS at any size)."""
+        by_shard: dict[int, list[int]] = {}
+        for pos, i in enumerate(indices):
+            by_shard.setdefault(self._index[i][0], []).append(pos)
+        out: list[dict[str, torch.Tensor]] = [{} for _ in indices]
+        for shard, positions in by_shard.items():
+            self.verify([shard])
+            with self._open(shard) as f:
+                for pos in positions:
+                    _, start, end = self._index[indices[pos]]
+                    out[pos] = {name: f.get_slice(name)[start:end]
+                                for name in ("aux", "last", "input_ids", "loss_mask")}
+        return out
+
+    def __getstate__(self) -> dict:  # DataLoader workers: open shard handles stay behind
+        return {**self.__dict__, "_handles": {}}
 
     def sequences(self) -> Iterator[dict[str, torch.Tensor]]:
         """Every sequence in stored order (= the prepared split's order)."""

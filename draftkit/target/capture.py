@@ -2,7 +2,7 @@
 hooks (one decoder pass, no lm_head): the harvest's tensors, and the same in memory for online
 training (`OnlineCapture`).
 
-Capture convention (DESIGN.md): aux id `k` is the hidden state *entering* decoder layer `k`
+Capture convention (docs/design.md): aux id `k` is the hidden state *entering* decoder layer `k`
 (the output of layer `k-1`, residual added); id `N` is the last decoder output *before* the
 final norm. With N=30: id 2 = output of layers[1], id 15 = output of layers[14], id 30 = output
 of layers[29] (pre-norm). HF's `hidden_states[k]` equals id `k` for k < N; HF's last entry is

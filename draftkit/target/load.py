@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import registry
+from draftkit.core import hardware, registry
 from draftkit.core.errors import TargetLoadError
 from draftkit.core.registry import TargetInfo
 from draftkit.target.gguf import convert_gguf
@@ -29,13 +29,6 @@ class Target:
     path: Path  # plain HF dir (config.json, safetensors, tokenizer)
     model: torch.nn.Module  # *ForCausalLM, eval mode
     tokenizer: object
-
-
-def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-            "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}[name]
 
 
 def default_device() -> str:
@@ -87,7 +80,8 @@ def load_target(name: str, device: str | None = None, dtype: str = "auto",
     info = registry.resolve(name)
     path = target_dir(info, revision)
     device = device or default_device()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device))
+    dtype = hardware.torch_dtype(dtype, device, key="target.dtype")  # auto: hardware.py
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.to(device).eval().requires_grad_(False)
     tok = AutoTokenizer.from_pretrained(path)
     if tok.chat_template is None:

@@ -10,7 +10,8 @@ target in the loop, through the generic loop in loop.py.
 The draft vocabulary comes from prepare's token counts (top-`draft_vocab_size` assistant
 tokens). Batches pack length-sorted sequences into padded [B, T] tensors of at most
 `train.batch_tokens` tokens; the batch order is a pure function of (seed, epoch), which is what
-makes resume exact. Best checkpoint = highest simulated AL on the held-out split.
+makes resume exact. Offline, batches stream from the harvest shards through DataLoader workers
+(data.py): the harvest is never held in memory. Best checkpoint = highest simulated AL on the held-out split.
 `train.init_from` warm-starts from a trained head (its weights and draft vocab);
 `train.extra_runs` adds other runs' harvests to the train data. `draft.kind=draft-lm` trains a
 small LM instead (drafts/draft_lm: KL to the target's full-vocab distribution), through the same
@@ -20,69 +21,23 @@ batches, loop and best-checkpoint rule.
 from __future__ import annotations
 
 import dataclasses
-import random
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
+from draftkit.core.batching import plan_batches
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.train import loop
-
-Seq = dict[str, torch.Tensor]  # one sequence: aux [T,A*H], last [T,H], input_ids [T], loss_mask [T]
-
-
-def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
-    """Indices grouped into padded batches of <= batch_tokens tokens (B * T_max), shuffled.
-
-    Sequences are sorted by length (so padding stays small), cut greedily into batches, and the
-    batch order is shuffled with Random(seed * 1000 + epoch): same epoch, same plan.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    plan, cur, cur_max = [], [], 0
-    for i in order:
-        new_max = max(cur_max, lengths[i])
-        if cur and new_max * (len(cur) + 1) > batch_tokens:
-            plan.append(cur)
-            cur, new_max = [], lengths[i]
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        plan.append(cur)
-    random.Random(seed * 1000 + epoch).shuffle(plan)
-    return plan
-
-
-def collate(seqs: list[Seq], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Right-pad sequences into a batch; float tensors cast to the compute dtype."""
-    b, t = len(seqs), max(int(s["input_ids"].shape[0]) for s in seqs)
-    out: dict[str, torch.Tensor] = {"attention_mask": torch.zeros(b, t, dtype=torch.long)}
-    for key in seqs[0]:
-        ref = seqs[0][key]
-        shape = (b, t, *ref.shape[1:])  # [B, T] or [B, T, D]
-        out[key] = torch.zeros(shape, dtype=dtype if ref.is_floating_point() else torch.long)
-    for i, s in enumerate(seqs):
-        n = int(s["input_ids"].shape[0])
-        out["attention_mask"][i, :n] = 1
-        for key, value in s.items():
-            out[key][i, :n] = value.to(out[key].dtype)
-    return out
-
-
-class LazyBatches(Sequence):
-    """A batch plan whose items are built when indexed (online mode runs the target here)."""
-
-    def __init__(self, plan: list[list[int]], build: Callable[[list[int]], dict]):
-        self.plan, self.build = plan, build
-
-    def __len__(self) -> int:
-        return len(self.plan)
-
-    def __getitem__(self, i):
-        return self.build(self.plan[i])
+from draftkit.train.data import (
+    BatchBuilder,
+    HarvestSource,
+    PlannedBatches,
+    TokenSource,
+    epoch_plan,
+)
 
 
 def _extra_runs(run: Run) -> list[RunPaths]:
@@ -152,7 +107,8 @@ def warm_start(cfg, target_model):
     return model
 
 
-def _offline_sequences(cfg, paths: RunPaths, split: str) -> list[Seq]:
+def _open_harvest(cfg, paths: RunPaths, split: str):
+    """The run's verified harvest of `split` (sha256-checked once here; read lazily later)."""
     from draftkit.harvest.shards import open_harvest
 
     hdir = paths.harvest
@@ -161,8 +117,7 @@ def _offline_sequences(cfg, paths: RunPaths, split: str) -> list[Seq]:
     if not (hdir / "manifest.json").is_file():
         raise DraftkitError(f"no harvest at {hdir}: run `draftkit harvest {paths.root}` first, or "
                             "train online with train.mode=online")
-    hs = open_harvest(hdir, target_name=cfg.target.name, aux_layer_ids=cfg.draft.aux_layer_ids)
-    return list(hs.sequences())
+    return open_harvest(hdir, target_name=cfg.target.name, aux_layer_ids=cfg.draft.aux_layer_ids)
 
 
 def build_draft(cfg, data_runs: list[RunPaths], target):
@@ -181,31 +136,22 @@ def build_draft(cfg, data_runs: list[RunPaths], target):
     return Eagle3Draft.from_run_config(cfg, vocab, target.model)
 
 
-def _online_sequences(paths: RunPaths, split: str) -> list[Seq]:
+def _online_source(paths: RunPaths, split: str) -> TokenSource:
     from draftkit.prepare.dataset import load_split
 
     ds = load_split(paths.data, split)
-    return [{"input_ids": torch.tensor(r["input_ids"]), "loss_mask": torch.tensor(r["loss_mask"])}
-            for r in ds]
+    return TokenSource([{"input_ids": torch.tensor(r["input_ids"]),
+                         "loss_mask": torch.tensor(r["loss_mask"])} for r in ds])
 
 
-def _batch_builder(seqs: list[Seq], capture, dtype: torch.dtype) -> Callable[[list[int]], dict]:
-    def build(idx: list[int]) -> dict:
-        batch = collate([seqs[i] for i in idx], dtype)
-        if capture is not None:  # online: the target computes aux/last for this batch now
-            feats = capture(batch["input_ids"], batch["attention_mask"])
-            batch["aux"], batch["last"] = feats["aux"].to(dtype), feats["last"].to(dtype)
-        return batch
-    return build
-
-
-def make_evaluator(seqs: list[Seq], build, batch_tokens: int):
+def make_evaluator(build: BatchBuilder, batch_tokens: int):
+    """Eval over the whole held-out split, batches in length order (no shuffle)."""
     from draftkit.drafts.eagle3.losses import aggregate
 
-    plan = plan_batches([int(s["input_ids"].shape[0]) for s in seqs], batch_tokens, 0, 0)
+    batches = PlannedBatches(plan_batches(build.source.lengths(), batch_tokens), build)
 
     def evaluate(model) -> dict:
-        return aggregate([model(build(idx))[1] for idx in plan])
+        return aggregate([model(batch)[1] for batch in batches.stream(range(len(batches)))])
     return evaluate
 
 
@@ -232,22 +178,20 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         from draftkit.target.capture import OnlineCapture
 
         capture = OnlineCapture(target.model, cfg.draft.aux_layer_ids)
-        train_seqs = _online_sequences(run.paths, "train")
-        eval_seqs = _online_sequences(run.paths, "eval")
+        train_src, eval_src = _online_source(run.paths, "train"), _online_source(run.paths, "eval")
     else:
         del target  # offline: the target's features are on disk
-        train_seqs = [s for r in data_runs for s in _offline_sequences(cfg, r, "train")]
-        eval_seqs = _offline_sequences(cfg, run.paths, "eval")
-    build = _batch_builder(train_seqs, capture, dtype)
-    lengths = [int(s["input_ids"].shape[0]) for s in train_seqs]
+        train_src = HarvestSource([_open_harvest(cfg, r, "train") for r in data_runs])
+        eval_src = HarvestSource([_open_harvest(cfg, run.paths, "eval")])
+    build = BatchBuilder(train_src, dtype, capture)
+    lengths = train_src.lengths()
     out = run.paths.train
 
-    def batches(epoch: int) -> LazyBatches:
-        return LazyBatches(plan_batches(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch),
-                           build)
+    def batches(epoch: int) -> PlannedBatches:
+        plan = epoch_plan(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch)
+        return PlannedBatches(plan, build, cfg.train.num_workers)
 
-    evaluate = make_evaluator(eval_seqs, _batch_builder(eval_seqs, capture, dtype),
-                              cfg.train.batch_tokens)
+    evaluate = make_evaluator(BatchBuilder(eval_src, dtype, capture), cfg.train.batch_tokens)
     loop.fit(model, batches, evaluate, cfg.train, out, cfg.tracking, run_name=cfg.name,
              config_dict=cfg.to_dict(), stop_after=stop_after)
     return out

