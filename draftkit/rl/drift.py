@@ -1,0 +1,144 @@
+"""Drift: how well the current draft still fits the policy, without generating anything.
+
+Teacher-forced AL estimate on rollouts: one policy forward (its logits p and the draft's input
+features) plus the draft's unroll over the same tokens. A draft started at index t (the policy
+just produced x_{t+1}) proposes x_{t+2+j} at step j; the policy's distribution for that token
+is p_{t+1+j}. Per step the acceptance probability is
+    T = 0:  alpha_j(t) = [vocab_ids[argmax q_j(t)] == argmax p_{t+1+j}]
+    T > 0:  alpha_j(t) = sum_x min(p(x), q(x)), p = softmax(logits / T); q = the one-hot of the
+            draft's argmax (vLLM's default greedy draft_sample_method) or softmax(draft / T)
+            (`draft_sampling=probabilistic`)
+A run of drafts stops at the first rejection, so position j is reached and accepted with
+c_j(t) = prod_{i<=j} alpha_i(t); per-position acceptance = mean_t c_j(t) (vLLM's
+accepted_at_pos_j / drafts) and AL = 1 + sum_j mean_t c_j(t). Start indices t count when the
+policy produced x_{t+1} and x_{t+2} (both response tokens). Steps past the end count as
+rejected. Departure from vLLM: every t is a start here, vLLM starts only where the last
+verification ended; the two agree when acceptance does not depend on the start.
+
+`EngineAL` reads the same numbers from a live engine's `vllm:spec_decode_*` counter deltas.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from draftkit.eval.counters import SpecCounters
+from draftkit.rl.rollouts import Rollout
+
+_CHUNK = 512  # policy logits are computed for this many positions at a time ([n, V] floats)
+
+
+def pad_rows(rows: list[Rollout]) -> dict[str, torch.Tensor]:
+    t = max(len(r.input_ids) for r in rows)
+    ids = torch.zeros(len(rows), t, dtype=torch.long)
+    mask, attn = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        n = len(r.input_ids)
+        ids[i, :n], mask[i, :n], attn[i, :n] = torch.tensor(r.input_ids), \
+            torch.tensor(r.loss_mask), 1
+    return {"input_ids": ids, "loss_mask": mask, "attention_mask": attn}  # [B, T] each
+
+
+def plan(rows: list[Rollout], batch_tokens: int) -> list[list[int]]:
+    """Length-sorted groups of row indices with at most batch_tokens padded tokens each."""
+    from draftkit.train.stage import plan_batches
+
+    return plan_batches([len(r.input_ids) for r in rows], batch_tokens, 0, 0)
+
+
+def policy_logits(policy_model, last: torch.Tensor) -> torch.Tensor:
+    """last [N, H] (pre-norm) -> policy logits [N, V] in float32."""
+    from draftkit.target.capture import logits_from_last
+
+    dev = policy_model.lm_head.weight.device
+    return torch.cat([logits_from_last(policy_model, c.to(dev)).float().cpu()
+                      for c in last.split(_CHUNK)])
+
+
+def step_alpha(q_logits: torch.Tensor, vocab_ids: torch.Tensor, p_logits: torch.Tensor,
+               temperature: float, draft_sampling: str) -> torch.Tensor:
+    """Acceptance probability of one draft step at N positions.
+
+    q_logits [N, Vd] draft logits (draft vocab), vocab_ids [Vd] target id per draft id,
+    p_logits [N, V] policy logits -> alpha [N] in [0, 1]."""
+    draft_tok = vocab_ids[q_logits.argmax(-1)]  # [N] target ids
+    if temperature <= 0:
+        return (draft_tok == p_logits.argmax(-1)).float()
+    p = F.softmax(p_logits / temperature, dim=-1)  # [N, V]
+    if draft_sampling == "greedy":  # q = one-hot(draft_tok): sum_x min(p, q) = p(draft_tok)
+        return p.gather(-1, draft_tok[:, None])[:, 0]
+    q = torch.zeros_like(p)  # [N, V]
+    q[:, vocab_ids] = F.softmax(q_logits.float() / temperature, dim=-1)
+    return torch.minimum(p, q).sum(-1)
+
+
+@torch.no_grad()
+def batch_counts(kind, model, policy_model, batch: dict, k: int, temperatures: list[float],
+                 draft_sampling: str) -> dict[float, torch.Tensor]:
+    """Sums of c_j(t) over start indices, per temperature: {T: [k + 1]} (last entry = count)."""
+    feats = kind.features(model, policy_model, batch["input_ids"], batch["attention_mask"])
+    batch = {**batch, **feats}
+    steps, vocab_ids = kind.step_logits(model, batch)  # k x [B, T, Vd], [Vd]
+    valid = batch["attention_mask"].bool()  # [B, T]
+    resp = batch["loss_mask"].bool() & valid  # [B, T]
+    t = resp.shape[1]
+    start = torch.zeros_like(resp)
+    start[:, : t - 2] = resp[:, 1: t - 1] & resp[:, 2:]  # x_{t+1}, x_{t+2} are response tokens
+    out = {}
+    chains = {temp: torch.ones(int(start.sum())) for temp in temperatures}
+    sums = {temp: [] for temp in temperatures}
+    rows, cols = start.nonzero(as_tuple=True)  # [N] start indices
+    for j in range(k):
+        at = cols + 1 + j  # policy position whose distribution judges step j
+        inside = at + 1 < t  # the drafted token x_{at+1} exists in the padded batch ...
+        inside[inside.clone()] = valid[rows[inside], at[inside] + 1]  # ... and in the row
+        idx = inside.nonzero(as_tuple=True)[0]
+        p_logits = policy_logits(policy_model, batch["last"][rows[idx], at[idx]])  # [n, V]
+        q_logits = steps[j][rows[idx], cols[idx]].float()  # [n, Vd]
+        for temp in temperatures:
+            alpha = torch.zeros(len(rows))
+            alpha[idx] = step_alpha(q_logits, vocab_ids, p_logits, temp, draft_sampling)
+            chains[temp] = chains[temp] * alpha
+            sums[temp].append(chains[temp].sum())
+    for temp in temperatures:
+        out[temp] = torch.stack([*sums[temp], torch.tensor(float(len(rows)))])
+    return out
+
+
+def estimate(kind, model, policy_model, rows: list[Rollout], k: int,
+             temperatures: list[float] = (0.0,), draft_sampling: str = "greedy",
+             batch_tokens: int = 4096) -> dict:
+    """Teacher-forced AL of `model` against `policy_model` on `rows`, per temperature:
+    {"T=0": {"al", "per_position": [k], "starts"}, ...}."""
+    model.eval()
+    totals = {temp: torch.zeros(k + 1) for temp in temperatures}
+    for group in plan(rows, batch_tokens):
+        counts = batch_counts(kind, model, policy_model, pad_rows([rows[i] for i in group]), k,
+                              list(temperatures), draft_sampling)
+        for temp in temperatures:
+            totals[temp] += counts[temp]
+    return {label(temp): summarize(totals[temp]) for temp in temperatures}
+
+
+def summarize(total: torch.Tensor) -> dict:
+    n = float(total[-1])
+    per_pos = [float(x) / n if n else 0.0 for x in total[:-1]]
+    return {"al": 1.0 + sum(per_pos), "per_position": per_pos, "starts": int(n)}
+
+
+def label(temperature: float) -> str:
+    return f"T={temperature:g}"
+
+
+class EngineAL:
+    """The AL a live vLLM engine's rollouts got since the last `read`: counter deltas."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.last = SpecCounters.read(llm)
+
+    def read(self) -> dict | None:
+        now = SpecCounters.read(self.llm)
+        delta, self.last = now.delta(self.last), now
+        return delta.as_dict() if delta.drafts else None
