@@ -142,3 +142,35 @@ class EngineAL:
         now = SpecCounters.read(self.llm)
         delta, self.last = now.delta(self.last), now
         return delta.as_dict() if delta.drafts else None
+
+
+def drift(run_dir, policy, rollout_paths: list, overrides: list[str] | None = None) -> dict:
+    """`draftkit drift RUN --policy CKPT --rollouts PATH...`: the current draft's estimated AL
+    against `policy` (a checkpoint dir or a policy.Policy) on the rollouts, at T=0 and at
+    refresh.temperature; logged to the run's refresh log as a `drift` event."""
+    from draftkit.core import config
+    from draftkit.rl import kinds
+    from draftkit.rl.policy import Policy, check_lineage, load_policy
+    from draftkit.rl.publish import DraftStore
+    from draftkit.rl.rollouts import read_rollouts, rollout_files
+
+    run_dir = config.run_dir_of(run_dir)
+    cfg = config.load(run_dir, overrides)
+    rc, k = cfg.refresh, cfg.draft.num_speculative_tokens
+    if not isinstance(policy, Policy):
+        policy = load_policy(policy, dtype=cfg.target.dtype)
+    check_lineage(policy, cfg)
+    store, kind = DraftStore(run_dir), kinds.get(cfg.draft.kind)
+    files = rollout_files(rollout_paths)
+    rows = read_rollouts(files, policy.tokenizer, cfg.target.vocab_size, rc.max_seq_len)
+    model = kind.load(store.current_dir(), policy.model, k)
+    est = estimate(kind, model, policy.model, rows, k, sorted({0.0, rc.temperature}),
+                   rc.draft_sampling, rc.batch_tokens)
+    result = {"draft": store.current() or "export", "policy": policy.source,
+              "policy_sha256": policy.digest, "rows": len(rows), "k": k, "estimate": est}
+    store.log("drift", **result)
+    for key, e in est.items():
+        per = " / ".join(f"{a:.2f}" for a in e["per_position"])
+        print(f"drift {result['draft']} {key}: AL {e['al']:.3f} (per position {per}; "
+              f"{e['starts']} draft starts on {len(rows)} rollouts)")
+    return result
