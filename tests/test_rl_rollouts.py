@@ -80,3 +80,25 @@ def test_lineage_checks_shapes_and_tokenizer_not_names(tmp_path, tiny_target):
     cfg.target.hidden_size += 8
     with pytest.raises(DraftkitError, match="hidden_size"):
         pol.check_lineage(p, cfg)
+
+
+def test_warm_start_accepts_a_new_checkpoint_dir_of_the_same_lineage(tmp_path, tiny_target):
+    from _rl_helpers import OVERRIDES, make_run
+
+    from draftkit.core.init import init_run
+    from draftkit.rl.publish import DraftStore
+    from draftkit.train.stage import warm_start
+
+    head = DraftStore(make_run(tmp_path / "runs", tiny_target)).current_dir()  # tiny-llama's
+    ckpt = tiny_target.model.save_pretrained(tmp_path / "step_9") or tmp_path / "step_9"
+    tiny_target.tokenizer.save_pretrained(ckpt)
+    run = init_run(str(ckpt), "math", name="step9", runs_dir=tmp_path / "runs",
+                   overrides=[*OVERRIDES, f"train.init_from={head}"])
+    cfg = config.load(run)
+    assert cfg.target.name != "tiny-llama"
+    assert warm_start(cfg, tiny_target.model).spec.draft_vocab_size == 256
+    tok = pol.load_policy(ckpt).tokenizer
+    tok.add_tokens(["<tool_call_x>"])
+    tok.save_pretrained(ckpt)
+    with pytest.raises(DraftkitError, match="tokenizers differ"):
+        warm_start(cfg, tiny_target.model)
