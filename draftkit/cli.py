@@ -94,6 +94,8 @@ def _add_rl_verbs(sub) -> None:
             q.add_argument("--rollouts", required=True, nargs="+", help="JSONL files or dirs")
         if verb == "refresh":
             q.add_argument("--replay", type=int, default=None, help="older rollout rows to mix in")
+            q.add_argument("--policy-step", type=int, default=None,
+                           help="RL step of the checkpoint (default: from the rollouts)")
             budget = q.add_mutually_exclusive_group()
             budget.add_argument("--budget-steps", type=int, default=None)
             budget.add_argument("--budget-s", type=float, default=None)
@@ -122,7 +124,8 @@ def _run_rl(args: argparse.Namespace) -> None:
     elif args.verb == "refresh":
         from draftkit.rl.refresh import refresh
 
-        refresh(Path(args.run), Path(args.policy), args.rollouts, over)
+        refresh(Path(args.run), Path(args.policy), args.rollouts, over,
+                policy_step=args.policy_step)
     else:
         from draftkit.rl.watch import watch
 

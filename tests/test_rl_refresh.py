@@ -95,3 +95,20 @@ def test_needs_a_budget(setup):
     with pytest.raises(DraftkitError, match="budget"):
         refresh(setup["run"], setup["policy"], [setup["r1"]],
                 ["refresh.budget_steps=0", "refresh.seed=9"])
+
+
+def test_cli_verbs(setup, capsys):
+    from draftkit import cli
+
+    store = DraftStore(setup["run"])
+    args = [str(setup["run"]), "--policy", str(setup["policy"]), "--rollouts", str(setup["r1"])]
+    assert cli.run(["drift", *args]) == 0
+    assert "drift v0002 T=0: AL" in capsys.readouterr().out
+    assert store.events()[-1]["event"] == "drift"
+    n = len(store.versions())
+    # overrides after the rollout list are overrides, not rollout paths
+    assert cli.run(["refresh", *args, "--budget-steps", "3", "--policy-step", "7",
+                    "refresh.min_gain=-1", "refresh.batch_tokens=2048"]) == 0
+    assert len(store.versions()) == n + 1
+    lin = store.lineage(store.current())
+    assert lin["steps"] == 3 and lin["policy"]["step"] == 7 and len(lin["rollouts"]) == 1

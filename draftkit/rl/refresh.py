@@ -79,8 +79,10 @@ def _finish_existing(store: DraftStore, version: str, job: str) -> dict:
 
 
 def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: list,
-            overrides: list[str] | None = None, should_stop=lambda: False) -> dict:
-    """Run one refresh job; returns {"status": published|rejected, "version", "job", ...}."""
+            overrides: list[str] | None = None, should_stop=lambda: False,
+            policy_step: int | None = None) -> dict:
+    """Run one refresh job; returns {"status": published|rejected, "version", "job", ...}.
+    `policy_step` defaults to the checkpoint's own, else the newest the rollouts name."""
     run_dir = config.run_dir_of(run_dir)
     cfg = config.load(run_dir, overrides)
     rc = cfg.refresh
@@ -89,8 +91,8 @@ def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: lis
     with store.lock():
         store.clean_partial()
         if not isinstance(policy, Policy):
-            policy = load_policy(policy, device=cfg.train.device if cfg.train.device != "auto"
-                                 else "cpu", dtype=cfg.target.dtype)
+            policy = load_policy(policy, step=policy_step, dtype=cfg.target.dtype,
+                                 device=cfg.train.device if cfg.train.device != "auto" else "cpu")
         check_lineage(policy, cfg)
         files = rollouts.rollout_files(rollout_paths)
         digests = rollouts.file_digests(files)

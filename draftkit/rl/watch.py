@@ -180,7 +180,8 @@ class Watcher:
         if why:
             self.event("refresh_started", step=step, checkpoint=str(hf), reason=why,
                        rollouts=[str(f) for f in files])
-            res = refresh(self.run, hf, files, self.overrides, should_stop=lambda: self.stop)
+            res = refresh(self.run, hf, files, self.overrides, should_stop=lambda: self.stop,
+                          policy_step=step)
             res.setdefault("reason", "")
             self.event(f"refresh_{res['status']}", step=step, version=res["version"],
                        resumed=res.get("resumed", False), detail=res["reason"])
