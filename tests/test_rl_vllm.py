@@ -64,7 +64,8 @@ def _initial_head(run, policy, answers: list[list[int]]):
 def world(tmp_path_factory, smollm2_target):
     tmp = tmp_path_factory.mktemp("rlvllm")
     run = init_run("smollm2-135m", "math", name="swap", runs_dir=tmp,
-                   overrides=["tracking.backend=none", "eval.dtype=float32"])
+                   overrides=["tracking.backend=none", "eval.dtype=float32",
+                              "draft.draft_vocab_size=2048"])  # small lm_head: fast CPU steps
     policy = load_policy(smollm2_target.path, step=1, dtype="float32")
     tok = policy.tokenizer
     train_p, eval_p = _chat_prompts(tok, "train", N_TRAIN), _chat_prompts(tok, "eval", N_EVAL)
@@ -97,7 +98,7 @@ def test_swap_applies_trained_draft_and_estimate_matches_vllm(world):
     random_run = _measure(llm, world["eval"])
     random_al = random_run["spec"]["acceptance_length"]
     res = refresh(world["run"], world["policy"], [world["rollouts"]],
-                  ["refresh.budget_steps=150", "refresh.lr=2e-3", "refresh.batch_tokens=4096"])
+                  ["refresh.budget_steps=120", "refresh.lr=2e-3", "refresh.batch_tokens=2048"])
     assert res["status"] == "published" and store.current() == "v0001"
     assert drafter_swap.hash_problems(llm, KIND, store.current_dir())  # not loaded yet
     report = drafter_swap.swap_into(llm, store.current_dir(), KIND, world["eval"][:8],

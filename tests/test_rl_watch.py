@@ -100,3 +100,22 @@ def test_sigterm_then_restart_publishes_once(tmp_path, tiny_target):
     proc.communicate(timeout=300)
     assert store.versions() == ["v0001"]
     assert list((store.root / "wandb").glob("offline-run-*"))
+
+
+def test_bad_rollouts_are_logged_and_skipped(tmp_path, tiny_target):
+    from draftkit.rl.watch import Watcher
+
+    run = make_run(tmp_path / "runs", tiny_target)
+    ckpts, rolls = tmp_path / "ckpts", tmp_path / "rollouts"
+    save_policy(tiny_target, ckpts / "step_3")
+    rolls.mkdir()
+    (rolls / "step_3.jsonl").write_text('{"prompt_ids": [1, 2], "response_ids": []}\n')
+    w = Watcher(run, ckpts, rolls, ["tracking.backend=none"], every=1)
+    w.tick()  # the daemon goes on; the error names file:line
+    store = DraftStore(run)
+    last = [json.loads(x) for x in (store.root / "watch-log.jsonl").read_text().splitlines()][-1]
+    assert last["event"] == "refresh_failed" and "step_3.jsonl:1" in last["detail"]
+    assert w.state["seen"] == ["step_3"] and w.state["last_refresh_step"] is None
+    assert store.versions() == []
+    w.tick()  # nothing new: no second attempt
+    assert len((store.root / "watch-log.jsonl").read_text().splitlines()) == 2

@@ -35,7 +35,7 @@ from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
 from draftkit.rl import drift, kinds
 from draftkit.rl.finetune import Stopped
-from draftkit.rl.publish import DraftStore
+from draftkit.rl.publish import DraftStore, RefreshLocked
 from draftkit.rl.refresh import refresh
 
 MARKERS = ("draftkit.ready", "COMPLETE", ".complete", "DONE")
@@ -180,12 +180,19 @@ class Watcher:
         if why:
             self.event("refresh_started", step=step, checkpoint=str(hf), reason=why,
                        rollouts=[str(f) for f in files])
-            res = refresh(self.run, hf, files, self.overrides, should_stop=lambda: self.stop,
-                          policy_step=step)
+            try:
+                res = refresh(self.run, hf, files, self.overrides,
+                              should_stop=lambda: self.stop, policy_step=step)
+            except RefreshLocked as e:  # a manual `draftkit refresh` runs: try again later
+                self.event("refresh_waiting", step=step, detail=str(e))
+                return
+            except DraftkitError as e:  # bad rollouts or checkpoint: log, skip, go on
+                res = {"status": "failed", "version": None, "reason": str(e)}
             res.setdefault("reason", "")
             self.event(f"refresh_{res['status']}", step=step, version=res["version"],
                        resumed=res.get("resumed", False), detail=res["reason"])
-            self.state["last_refresh_step"] = step
+            if res["status"] != "failed":
+                self.state["last_refresh_step"] = step
             self.state["used_rollouts"] += [str(f.resolve()) for f in files]
         else:
             self.event("skipped", step=step)
