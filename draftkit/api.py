@@ -17,8 +17,12 @@ from draftkit.eval.stage import evaluate
 from draftkit.export.stage import export
 from draftkit.harvest.stage import harvest
 from draftkit.prepare.stage import prepare
+from draftkit.rl.drift import drift
+from draftkit.rl.refresh import refresh
+from draftkit.rl.refresher import DraftRefresher
+from draftkit.rl.watch import watch
 from draftkit.target.load import load_target
 from draftkit.train.stage import train
 
-__all__ = ["evaluate", "export", "harvest", "init", "load_config", "load_target", "prepare",
-           "train"]
+__all__ = ["DraftRefresher", "drift", "evaluate", "export", "harvest", "init", "load_config",
+           "load_target", "prepare", "refresh", "train", "watch"]

@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--temperature", type=_csv(float), default=None, help="e.g. 0,1")
             q.add_argument("--batch", type=_csv(int), default=None, help="e.g. 1,8")
 
+    _add_rl_verbs(sub)
+
     q = sub.add_parser("project", help="project the RL step speedup from a rollout speedup")
     q.add_argument("--rollout-speedup", type=float, required=True)
     q.add_argument("--generation-s", type=float, required=True, help="generation time per step")
@@ -74,6 +76,65 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--other-delta-s", type=float, default=0.0,
                    help="change of the non-generation step time with speculation (see project.py)")
     return p
+
+
+def _add_rl_verbs(sub) -> None:
+    """drift / refresh / watch (draftkit/rl/): flags are shorthands for refresh.* keys."""
+    for verb, help_ in (("drift", "estimate the current draft's AL against a policy on rollouts"),
+                        ("refresh", "fine-tune the draft on a new policy's rollouts; publish "
+                                    "drafts/vNNNN if better"),
+                        ("watch", "daemon: refresh from an RL run's checkpoint/rollout dirs")):
+        q = sub.add_parser(verb, help=help_)
+        q.add_argument("run", help="run dir (or its draftkit.yaml)")
+        if verb == "watch":
+            q.add_argument("--checkpoints", required=True, help="dir of policy checkpoints")
+            q.add_argument("--rollouts", required=True, help="dir of rollout *.jsonl")
+            q.add_argument("--every", type=int, default=None, help="refresh every N steps")
+            q.add_argument("--al-drop", type=float, default=None,
+                           help="refresh when AL falls below (1 - X) x AL at publish")
+            q.add_argument("--once", action="store_true", help="one scan, then exit")
+        else:
+            q.add_argument("--policy", required=True, help="policy checkpoint (HF dir)")
+            q.add_argument("--rollouts", required=True, nargs="+", help="JSONL files or dirs")
+        if verb == "refresh":
+            q.add_argument("--replay", type=int, default=None, help="older rollout rows to mix in")
+            q.add_argument("--policy-step", type=int, default=None,
+                           help="RL step of the checkpoint (default: from the rollouts)")
+            budget = q.add_mutually_exclusive_group()
+            budget.add_argument("--budget-steps", type=int, default=None)
+            budget.add_argument("--budget-s", type=float, default=None)
+        q.add_argument("overrides", nargs="*", help="key=value config overrides")
+
+
+def _run_rl(args: argparse.Namespace) -> None:
+    over = list(args.overrides)
+    if args.verb != "watch":  # `--rollouts a.jsonl b.jsonl key=value`: nargs takes the override
+        paths = args.rollouts
+        args.rollouts = [p for p in paths if "=" not in p or Path(p).exists()]
+        over = [p for p in paths if p not in args.rollouts] + over
+    if args.verb == "refresh":
+        for attr, key in (("replay", "replay"), ("budget_steps", "budget_steps"),
+                          ("budget_s", "budget_s")):
+            if getattr(args, attr) is not None:
+                over.append(f"refresh.{key}={getattr(args, attr)}")
+        if args.budget_s is not None:
+            over.append("refresh.budget_steps=0")  # the time budget alone decides
+        if args.budget_steps is not None:
+            over.append("refresh.budget_s=0")
+    if args.verb == "drift":
+        from draftkit.rl.drift import drift
+
+        drift(Path(args.run), Path(args.policy), args.rollouts, over)
+    elif args.verb == "refresh":
+        from draftkit.rl.refresh import refresh
+
+        refresh(Path(args.run), Path(args.policy), args.rollouts, over,
+                policy_step=args.policy_step)
+    else:
+        from draftkit.rl.watch import watch
+
+        watch(Path(args.run), args.checkpoints, args.rollouts, over, args.every, args.al_drop,
+              args.once)
 
 
 def _flags_to_overrides(args: argparse.Namespace) -> list[str]:
@@ -125,6 +186,8 @@ def run(argv: list[str] | None = None) -> int:
 
         print(render(project_step(args.generation_s, args.step_s, args.rollout_speedup,
                                   args.mode, args.other_delta_s)))
+    elif args.verb in ("drift", "refresh", "watch"):
+        _run_rl(args)
     else:
         module, func, _ = STAGES[args.verb]
         fn = getattr(importlib.import_module(module), func)

@@ -172,6 +172,28 @@ class TrackingConfig:
 
 
 @dataclass
+class RefreshConfig:
+    """`draftkit refresh` / `watch` / `DraftRefresher` (draftkit/rl/)."""
+    replay: int = 0  # rows of older rollouts (from earlier refreshes' lineage) mixed in
+    budget_steps: int = 100  # optimizer steps per refresh (0 = budget_s decides)
+    budget_s: float = 0.0  # wall-clock seconds per refresh (0 = budget_steps decides)
+    lr: float = 1e-4  # constant fine-tune lr (warm start: small; verl co-training uses 1e-5)
+    batch_tokens: int = 4096  # tokens per fine-tune micro-batch (sequences packed by length)
+    heldout_fraction: float = 0.2  # share of the new rollouts held out for before/after AL
+    min_gain: float = 0.0  # publish only if AL after > AL before + min_gain
+    temperature: float = 0.0  # the AL that decides publishing: T=0 (argmax) or T>0 (p/q rule)
+    draft_sampling: str = "greedy"  # greedy = vLLM's default draft_sample_method | probabilistic
+    max_seq_len: int = 2048  # rollout tokens kept per row (longer rows are cut)
+    seed: int = 0
+    every: int = 0  # watch/DraftRefresher: refresh every N policy steps (0 = off)
+    al_drop: float = 0.0  # ... or when AL < (1 - al_drop) * AL right after the last refresh
+    probe_prompts: int = 8  # swap health check: prompts generated at T=0 after a swap
+    probe_max_tokens: int = 64
+    min_probe_al: float = 1.2  # swap health check: engine AL on the probes must exceed this
+    poll_s: float = 10.0  # watch: seconds between scans of the checkpoint/rollout dirs
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -182,6 +204,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    refresh: RefreshConfig = field(default_factory=RefreshConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -35,6 +35,7 @@ from draftkit.drafts.eagle3.losses import simulated_al
 from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
 from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
+from draftkit.serving.drafter_swap import EXTENSION as _SWAP_EXTENSION
 
 LIKELY_CAUSES = (
     "norm flags (norm_before_residual/norm_before_fc/fc_norm/norm_output) differ between "
@@ -203,8 +204,13 @@ temperatures; install draftkit in the serving environment: its vLLM plugin
 (`draftkit.serving.vllm_plugin`, loaded by vLLM in every engine process) fixes it. CUDA vLLM is not
 affected.
 
-After the policy changes, refresh the draft (`draftkit refresh`) and reload it; acceptance
-falls as the policy drifts from the weights the draft was trained on.
+Acceptance falls as the policy drifts from the weights the draft was trained on. Measure it
+with `draftkit drift RUN --policy CKPT --rollouts ROLLOUTS.jsonl` (RUN: the run dir of
+`{cfg.name}`), refresh with `draftkit refresh RUN --policy CKPT --rollouts ROLLOUTS.jsonl` (a
+better draft is published as `RUN/drafts/vNNNN`, `RUN/drafts/current` points to it), or leave
+both to `draftkit watch RUN --checkpoints DIR --rollouts DIR --every 10`. A running vLLM
+engine takes the new draft in place with `DraftRefresher.swap_into(llm)`, checked by tensor
+hashes and probe AL (start it with `worker_extension_cls="{_SWAP_EXTENSION}"`).
 """
 
 

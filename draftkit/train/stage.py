@@ -97,8 +97,11 @@ def warm_start(cfg, target_model):
     diff = [f"{f.name}={getattr(got, f.name)!r} there, {getattr(want, f.name)!r} here"
             for f in dataclasses.fields(want)
             if f.name not in free and getattr(got, f.name) != getattr(want, f.name)]
-    if got.target_name and got.target_name != cfg.target.name:
-        diff.insert(0, f"target {got.target_name!r} there, {cfg.target.name!r} here")
+    if got.target_name and got.target_name != cfg.target.name:  # lineage: shapes + tokenizer
+        from draftkit.rl.policy import same_lineage
+
+        diff[:0] = [f"target {got.target_name!r} there, {cfg.target.name!r} here: {p}"
+                    for p in same_lineage(got.target_name, cfg.target.name)]
     if diff:
         raise DraftkitError(f"train.init_from={src} does not fit this run's draft: "
                             f"{'; '.join(diff)}. Warm-start from a head of the same target and "
@@ -117,7 +120,14 @@ def _open_harvest(cfg, paths: RunPaths, split: str):
     if not (hdir / "manifest.json").is_file():
         raise DraftkitError(f"no harvest at {hdir}: run `draftkit harvest {paths.root}` first, or "
                             "train online with train.mode=online")
-    return open_harvest(hdir, target_name=cfg.target.name, aux_layer_ids=cfg.draft.aux_layer_ids)
+    name = config.load(paths.root).target.name  # an extra run may name another checkpoint
+    if name != cfg.target.name:  # of the same lineage (shapes + tokenizer), e.g. an RL step
+        from draftkit.rl.policy import same_lineage
+
+        if problems := same_lineage(name, cfg.target.name):
+            raise DraftkitError(f"train.extra_runs entry {paths.root} harvested target {name!r}, "
+                                f"not the lineage of {cfg.target.name!r}: {'; '.join(problems)}")
+    return open_harvest(hdir, target_name=name, aux_layer_ids=cfg.draft.aux_layer_ids)
 
 
 def build_draft(cfg, data_runs: list[RunPaths], target):

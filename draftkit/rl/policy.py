@@ -1,0 +1,146 @@
+"""Policy checkpoints (a local HF dir, as NeMo-RL/verl/TRL save them, or an in-memory
+`transformers` model) and the lineage rule: a checkpoint is the same target lineage as a run's
+target when the architecture shapes and the tokenizer match. Names never decide: every RL step
+writes a new directory.
+
+    policy = load_policy("ckpts/step_200")            # dir -> model, tokenizer, content hash
+    policy = from_model(model, tokenizer, step=200)   # in memory, no checkpoint round-trip
+    check_lineage(policy, cfg)                        # DraftkitError naming each mismatch
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from draftkit.core.errors import DraftkitError
+
+SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size")
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module  # *ForCausalLM, eval, no grad
+    tokenizer: object
+    source: str  # checkpoint dir, or "memory"
+    digest: str  # sha256 of the weights (files for a dir, tensors in memory)
+    step: int | None = None
+
+
+def shapes_of(hf_config) -> dict:
+    d = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
+    out = {k: d.get(k) for k in SHAPE_KEYS}
+    heads = d.get("num_attention_heads")
+    out["head_dim"] = d.get("head_dim") or (d["hidden_size"] // heads if heads else None)
+    out["num_key_value_heads"] = out["num_key_value_heads"] or heads
+    return out
+
+
+def tokenizer_digest(tok) -> str:
+    """sha256 of the vocabulary (token -> id), the special tokens and the chat template."""
+    h = hashlib.sha256()
+    h.update(json.dumps(sorted(tok.get_vocab().items()), ensure_ascii=False).encode())
+    h.update(json.dumps([tok.bos_token, tok.eos_token, tok.pad_token,
+                         getattr(tok, "chat_template", None)], default=str).encode())
+    return h.hexdigest()
+
+
+def dir_digest(path: str | Path) -> str:
+    """sha256 over the weight files (names + contents) and config.json of an HF dir."""
+    from draftkit.core.artifacts import sha256_file
+
+    path = Path(path)
+    files = sorted([*path.glob("*.safetensors"), *path.glob("*.bin"), path / "config.json"])
+    h = hashlib.sha256()
+    for f in files:
+        if f.is_file():
+            h.update(f"{f.name}:{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def model_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def load_policy(path: str | Path, step: int | None = None, device: str = "cpu",
+                dtype: str = "auto") -> Policy:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from draftkit.core import hardware
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise DraftkitError(f"policy checkpoint {path} is not a Hugging Face model dir (no "
+                            "config.json); point --policy at what the trainer saved with "
+                            "save_pretrained (NeMo-RL/verl: the HF-converted checkpoint)")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=hardware.torch_dtype(dtype, device, key="policy dtype"))
+    model.to(device).eval().requires_grad_(False)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - missing files raise many types
+        raise DraftkitError(f"policy checkpoint {path} has no loadable tokenizer ({e}); save "
+                            "the tokenizer next to the weights") from e
+    return Policy(model, tok, str(path.resolve()), dir_digest(path), step)
+
+
+def from_model(model: torch.nn.Module, tokenizer, step: int | None = None) -> Policy:
+    model.eval()
+    return Policy(model, tokenizer, "memory", model_digest(model), step)
+
+
+def target_shapes(cfg) -> dict:
+    t = cfg.target
+    return {"num_hidden_layers": t.num_hidden_layers, "hidden_size": t.hidden_size,
+            "num_attention_heads": t.num_attention_heads,
+            "num_key_value_heads": t.num_key_value_heads,
+            "intermediate_size": t.intermediate_size, "vocab_size": t.vocab_size,
+            "head_dim": t.head_dim}
+
+
+def shape_mismatches(a: dict, b: dict) -> list[str]:
+    return [f"{k} {a.get(k)} vs {b.get(k)}" for k in b if a.get(k) != b.get(k)]
+
+
+def run_tokenizer_digest(target_name: str, revision: str = "main") -> str:
+    from transformers import AutoTokenizer
+
+    from draftkit.target.load import target_dir
+
+    return tokenizer_digest(AutoTokenizer.from_pretrained(target_dir(target_name, revision)))
+
+
+def check_lineage(policy: Policy, cfg) -> None:
+    """The policy must have the run target's shapes and tokenizer (names are not compared)."""
+    problems = shape_mismatches(shapes_of(policy.model.config), target_shapes(cfg))
+    if tokenizer_digest(policy.tokenizer) != run_tokenizer_digest(cfg.target.name,
+                                                                  cfg.target.revision):
+        problems.append("tokenizer (vocab, special tokens or chat template) differs")
+    if problems:
+        raise DraftkitError(f"policy {policy.source} is not the lineage of run target "
+                            f"{cfg.target.name}: {'; '.join(problems)} (policy vs run). A "
+                            "draft refreshes only along one architecture and tokenizer; "
+                            "start a new run (`draftkit init --target CKPT`) for another")
+
+
+def same_lineage(name_a: str, name_b: str) -> list[str]:
+    """Problems that keep two targets (registry names or HF dirs) apart; [] = same lineage."""
+    from draftkit.core import registry
+
+    if name_a == name_b:
+        return []
+    a, b = registry.resolve(name_a), registry.resolve(name_b)
+    keys = (*SHAPE_KEYS, "head_dim", "family")
+    problems = [f"{k} {getattr(a, k)} vs {getattr(b, k)}" for k in keys
+                if getattr(a, k) != getattr(b, k)]
+    if not problems and run_tokenizer_digest(name_a) != run_tokenizer_digest(name_b):
+        problems.append("the tokenizers differ")
+    return problems
