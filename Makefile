@@ -41,6 +41,7 @@ bench: setup
 	$(BIN)/python scripts/bench_stream.py --mid
 	$(BIN)/python scripts/bench_eagle3.py
 	$(BIN)/python scripts/bench_draft_lm.py
+	$(BIN)/python scripts/bench_learning.py
 
 clean-demo:
 	rm -rf $(DEMO_DIR)/$(RUN)

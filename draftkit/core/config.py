@@ -75,6 +75,10 @@ class DraftConfig:
     # `num_layers` layers and the widths above. '' = sibling where the registry has one.
     init: str = ""
     num_layers: int = 0  # draft-lm truncate/scratch: decoder layers; 0 = max(2, N // 5)
+    # eagle3 only: start the decoder layer from target layer n instead of random weights
+    # (negative counts from the end: -3 = layer N-3, the one the default last aux state enters);
+    # null = random. How the weights map: drafts/eagle3/init_layer.py
+    init_layer_from: int | None = None
 
 
 @dataclass
@@ -114,8 +118,16 @@ class TrainConfig:
     mode: str = "offline"  # offline = from harvest shards; online = target in the loop
     ttt_steps: int = 3  # training-time-test unroll depth
     ttt_decay: float = 0.8  # loss weight of step i is decay**i
+    # positions the draft learns to predict: assistant = assistant tokens only (loss_mask);
+    # all = every token whose target hidden state was harvested, prompt tokens included.
+    # Eval (simulated AL, best checkpoint) always counts assistant tokens only.
+    loss_on: str = "assistant"
     epochs: int = 4
     max_steps: int = 0  # 0 = epochs decide
+    # stop once training has used this many CPU-seconds (process CPU time of the loop's own
+    # steps, all threads; evals and checkpoints not counted); 0 = no limit. The lr schedule
+    # still follows epochs / max_steps. Resumes count the seconds already spent.
+    max_cpu_seconds: float = 0.0
     batch_tokens: int = 8192  # tokens per micro-batch (sequences packed by length)
     grad_accum: int = 1
     num_workers: int = 1  # offline: DataLoader processes reading shards ahead (0 = in-process)

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from draftkit.core import batching
+from draftkit.core.errors import DraftkitError
 from draftkit.harvest.shards import HarvestSet
 from draftkit.train.loop import trim_heap
 
@@ -68,15 +69,24 @@ class TokenSource:
         return [self.seqs[i] for i in indices]
 
 
+LOSS_ON = ("assistant", "all")
+
+
 class BatchBuilder:
     """Sequence indices -> one padded batch; float tensors in `dtype`. With `capture` (online)
-    the target computes aux [B, T, A*H] and last [B, T, H] for the batch."""
+    the target computes aux [B, T, A*H] and last [B, T, H] for the batch. `loss_on="all"`
+    (train.loss_on) sets loss_mask to every real token, prompt included: the model then learns
+    every position whose next tokens have harvested target states (eagle3/model.py forward)."""
 
-    def __init__(self, source, dtype: torch.dtype, capture=None):
-        self.source, self.dtype, self.capture = source, dtype, capture
+    def __init__(self, source, dtype: torch.dtype, capture=None, loss_on: str = "assistant"):
+        if loss_on not in LOSS_ON:
+            raise DraftkitError(f"train.loss_on={loss_on!r}; choose one of {', '.join(LOSS_ON)}")
+        self.source, self.dtype, self.capture, self.loss_on = source, dtype, capture, loss_on
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         batch = batching.collate(self.source.gather(indices), self.dtype)
+        if self.loss_on == "all":
+            batch["loss_mask"] = batch["attention_mask"].clone()  # [B, T]
         if self.capture is not None:
             feats = self.capture(batch["input_ids"], batch["attention_mask"])
             batch["aux"], batch["last"] = feats["aux"].to(self.dtype), feats["last"].to(self.dtype)

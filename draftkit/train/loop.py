@@ -44,12 +44,15 @@ class LoopState:
     epoch: int = 0
     best_metric: float = float("-inf")
     best_step: int = -1
+    cpu_s: float = 0.0  # process CPU-seconds of the optimizer steps so far (evals excluded)
+    wall_s: float = 0.0  # wall seconds of the same
 
 
 @dataclass
 class FitResult:
     state: LoopState
-    history: list[dict]  # one record per optimizer step: step, loss, lr (+ eval metrics)
+    history: list[dict]  # one record per optimizer step: step, loss, lr, cpu_s, wall_s
+    # (+ eval metrics); also written to out_dir/history.json when training ends
     best_dir: Path | None
 
 
@@ -201,7 +204,8 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
         # this rank's micro-batches from here to the epoch's end: j = micro + rank + world * t
         stream = _stream(epoch_batches, range(state.micro + acc.process_index, usable,
                                               acc.num_processes))
-        while state.micro < usable and state.step < total:
+        while state.micro < usable and state.step < total and not _out_of_time(cfg, state):
+            cpu0, wall0 = time.process_time(), time.perf_counter()
             mine = [next(stream) for _ in range(cfg.grad_accum)]  # this rank's share of the step
             losses, metrics = [], {}
             for i, batch in enumerate(mine):
@@ -220,10 +224,17 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
             state.micro += per_step
             state.step += 1
             steps_this_call += 1
-            loss_avg = acc.reduce(torch.stack(losses).mean(), reduction="mean").item()
+            # rank means: every rank then holds the same cpu_s and stops at the same step
+            step_cpu = torch.tensor(time.process_time() - cpu0, device=acc.device)
+            loss_avg, step_cpu = acc.reduce(torch.stack([torch.stack(losses).mean().float(),
+                                                         step_cpu]), reduction="mean").tolist()
+            state.cpu_s += step_cpu
+            state.wall_s += time.perf_counter() - wall0
+            done = state.step == total or _out_of_time(cfg, state)
             record = {"step": state.step, "loss": loss_avg, "lr": sched.get_last_lr()[0],
+                      "cpu_s": state.cpu_s, "wall_s": state.wall_s,
                       **{f"train/{k}": v for k, v in metrics.items() if isinstance(v, float)}}
-            if state.step % cfg.eval_every == 0 or state.step == total:
+            if state.step % cfg.eval_every == 0 or done:
                 with autocast(cfg, acc.device):
                     record.update(_evaluate(raw, evaluate, state, out_dir, acc, select_metric))
             history.append(record)
@@ -231,7 +242,7 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
                 tracker.log(record, state.step)
             bar.update(1)
             bar.set_postfix(loss=f"{loss_avg:.3f}", best=f"{state.best_metric:.3f}")
-            if state.step % cfg.save_every == 0 or state.step == total:
+            if state.step % cfg.save_every == 0 or done:
                 _save_checkpoint(ckpt_root, raw, opt, sched, state, history, acc)
             if stop_after is not None and steps_this_call >= stop_after:
                 stream.close()  # stops the DataLoader workers
@@ -239,18 +250,26 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
                 tracker.finish()
                 return FitResult(state, history, _best_dir(out_dir))
         stream.close()
+        if _out_of_time(cfg, state):
+            break
         if state.micro >= usable:
             state.epoch += 1
             state.micro = 0
     bar.close()
     tracker.finish()
     if acc.is_main_process:
+        artifacts.write_json_atomic(out_dir / "history.json", history)
         artifacts.write_meta(out_dir, "train", config_dict,
                              {"train_s_this_call": time.perf_counter() - t0},
-                             steps=state.step, best_step=state.best_step,
+                             steps=state.step, best_step=state.best_step, cpu_s=state.cpu_s,
                              best_metric={select_metric: state.best_metric})
     acc.wait_for_everyone()
     return FitResult(state, history, _best_dir(out_dir))
+
+
+def _out_of_time(cfg: TrainConfig, state: LoopState) -> bool:
+    """train.max_cpu_seconds spent (0 = no limit)."""
+    return 0 < cfg.max_cpu_seconds <= state.cpu_s
 
 
 def _best_dir(out_dir: Path) -> Path | None:

@@ -193,7 +193,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         del target  # offline: the target's features are on disk
         train_src = HarvestSource([_open_harvest(cfg, r, "train") for r in data_runs])
         eval_src = HarvestSource([_open_harvest(cfg, run.paths, "eval")])
-    build = BatchBuilder(train_src, dtype, capture)
+    build = BatchBuilder(train_src, dtype, capture, cfg.train.loss_on)  # eval: assistant only
     lengths = train_src.lengths()
     out = run.paths.train
 

@@ -17,7 +17,9 @@ sequence; with T=6 and ttt_steps=3, index t=1:
     step 2: token x_4, hidden step-1 hidden_out[1], position 3 -> predicts x_5, target last[4]
 Departures from the paper/speculators: teacher-forced tokens at steps j>0 (as speculators);
 accuracy is measured against the verifier's full-vocab argmax; positions count only when the
-predicted token is an assistant token (loss_mask of the predicted token).
+predicted token is an assistant token (loss_mask of the predicted token; train.loss_on=all sets
+it on every token for training, data.py). draft.init_layer_from starts the layer from a target
+layer (init_layer.py).
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ class Eagle3Draft(nn.Module):
     @classmethod
     def from_run_config(cls, cfg, vocab: DraftVocab, target_model=None) -> Eagle3Draft:
         """New head for a run: embedding + verifier parts from the target, lm_head = target
-        lm_head rows of the draft vocab. Without `target_model` the three tensors are read
+        lm_head rows of the draft vocab, the decoder layer from a target layer with
+        draft.init_layer_from (init_layer.py). Without `target_model` the three tensors are read
         from the target's safetensors (no full model load)."""
         from draftkit.target.load import run_target_dir
 
@@ -96,6 +99,13 @@ class Eagle3Draft(nn.Module):
         tensors = module_tensors(target_model) if target_model is not None \
             else read_target_tensors(path)
         model.load_target_tensors(*tensors, init_lm_head=True)
+        if cfg.draft.init_layer_from is not None:  # else the layer stays random
+            from draftkit.drafts.eagle3 import init_layer
+
+            layer = init_layer.resolve_layer(cfg.draft.init_layer_from,
+                                             cfg.target.num_hidden_layers)
+            init_layer.init_from_target_layer(
+                model, init_layer.target_layer_tensors(layer, target_model, path), layer)
         return model
 
     @classmethod

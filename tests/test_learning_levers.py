@@ -1,0 +1,130 @@
+"""Training levers of #15: the decoder layer copied from a target layer (draft.init_layer_from),
+loss on every harvested position (train.loss_on=all) and a CPU-second budget
+(train.max_cpu_seconds)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _eagle3_helpers import H, make_batch, make_model, make_spec
+
+from draftkit.core.config import TrackingConfig, TrainConfig
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts.eagle3 import init_layer
+from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.train.data import BatchBuilder, TokenSource
+from draftkit.train.loop import fit
+
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+from toy_fit import Toy, make_eval, toy_batches  # noqa: E402
+
+
+def _tiny_cfg(*overrides: str):
+    from draftkit.core.init import resolve
+
+    return resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256",
+                                                    "draft.aux_layer_ids=[1,3,5]", *overrides])
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return DraftVocab.build(torch.arange(512) % 97, 256, must_include=[2])
+
+
+@pytest.mark.parametrize("index,layer", [(-3, 5), (3, 3), (4, 4)])
+def test_layer_copied_from_the_target(index, layer, vocab, tiny_target):
+    torch.manual_seed(0)
+    base = Eagle3Draft.from_run_config(_tiny_cfg(), vocab, target_model=tiny_target.model)
+    torch.manual_seed(0)
+    cfg = _tiny_cfg(f"draft.init_layer_from={index}")
+    model = Eagle3Draft.from_run_config(cfg, vocab, target_model=tiny_target.model)
+    torch.manual_seed(0)
+    from_files = Eagle3Draft.from_run_config(cfg, vocab)  # read from the target's safetensors
+    t = tiny_target.model.model.layers[layer]
+    d, h = model.layers[0], cfg.target.hidden_size
+    for name in ("q_proj", "k_proj", "v_proj"):
+        w = getattr(d.self_attn, name).weight  # [out, 2H]
+        assert torch.equal(w[:, h:], getattr(t.self_attn, name).weight)  # hidden half: copied
+        assert torch.equal(w[:, :h], getattr(base.layers[0].self_attn, name).weight[:, :h])
+    assert torch.equal(d.self_attn.o_proj.weight, t.self_attn.o_proj.weight)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        assert torch.equal(getattr(d.mlp, name).weight, getattr(t.mlp, name).weight)
+    assert torch.equal(d.hidden_norm.weight, t.input_layernorm.weight)
+    assert torch.equal(d.post_attention_layernorm.weight, t.post_attention_layernorm.weight)
+    assert torch.equal(d.input_layernorm.weight, torch.ones(h))
+    fc = model.fc.weight  # [H, 3H]
+    if layer in (1, 3, 5):  # the state entering the layer is an aux state: fc passes it through
+        i = [1, 3, 5].index(layer)
+        expect = torch.zeros_like(fc)
+        expect[:, i * h:(i + 1) * h] = torch.eye(h)
+        assert torch.equal(fc, expect)
+    else:
+        assert torch.equal(fc, base.fc.weight)
+    for a, b in zip(model.state_dict().values(), from_files.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_qwen3_norms_copied_and_bad_layers_refused():
+    spec = make_spec(family="qwen3")
+    model = make_model(spec)
+    g = torch.Generator().manual_seed(3)
+    hd, nh, nkv, inter = spec.head_dim, spec.num_attention_heads, spec.num_key_value_heads, 48
+    shapes = {"self_attn.q_proj.weight": (nh * hd, H), "self_attn.k_proj.weight": (nkv * hd, H),
+              "self_attn.v_proj.weight": (nkv * hd, H), "self_attn.o_proj.weight": (H, nh * hd),
+              "mlp.gate_proj.weight": (inter, H), "mlp.up_proj.weight": (inter, H),
+              "mlp.down_proj.weight": (H, inter), "input_layernorm.weight": (H,),
+              "post_attention_layernorm.weight": (H,), "self_attn.q_norm.weight": (hd,),
+              "self_attn.k_norm.weight": (hd,)}
+    tensors = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+    init_layer.init_from_target_layer(model, tensors, 0)  # layer 0: not an aux state
+    attn = model.layers[0].self_attn
+    assert torch.equal(attn.q_norm.weight, tensors["self_attn.q_norm.weight"])
+    assert torch.equal(attn.k_norm.weight, tensors["self_attn.k_norm.weight"])
+    with pytest.raises(DraftkitError, match="shapes"):
+        init_layer.init_from_target_layer(
+            model, {**tensors, "mlp.up_proj.weight": torch.zeros(49, H)}, 0)
+    assert init_layer.resolve_layer(-1, 30) == 29
+    with pytest.raises(DraftkitError, match="init_layer_from=30"):
+        init_layer.resolve_layer(30, 30)
+
+
+def test_loss_on_all_counts_every_position_with_a_known_target():
+    spec = make_spec()
+    model = make_model(spec)
+    lengths = [10, 7, 3]
+    seqs = []
+    for n, row in zip(lengths, make_batch(spec, lengths, 10)["input_ids"], strict=True):
+        seqs.append({"input_ids": row[:n], "loss_mask": (torch.arange(n) >= n - 2).long(),
+                     "aux": torch.randn(n, spec.num_aux * H), "last": torch.randn(n, H)})
+    assistant = BatchBuilder(TokenSource(seqs), torch.float32)(list(range(3)))
+    every = BatchBuilder(TokenSource(seqs), torch.float32, loss_on="all")(list(range(3)))
+    assert torch.equal(every["loss_mask"], every["attention_mask"])
+    assert torch.equal(assistant["loss_mask"][0], torch.tensor([0] * 8 + [1, 1]))
+    _, m = model(every)
+    _, m_assistant = model(assistant)
+    for j in range(3):  # index t predicts x_{t+2+j}: every t with t+2+j < length counts
+        assert m[f"n_{j}"] == sum(max(0, n - 2 - j) for n in lengths)
+        assert m_assistant[f"n_{j}"] == sum(min(2, max(0, n - 2 - j)) for n in lengths)
+    with pytest.raises(DraftkitError, match="train.loss_on"):
+        BatchBuilder(TokenSource(seqs), torch.float32, loss_on="prompt")
+
+
+def test_cpu_budget_stops_training_with_a_final_eval(tmp_path):
+    cfg = TrainConfig(max_steps=100000, lr=0.05, eval_every=1000, save_every=1000, device="cpu",
+                      max_cpu_seconds=0.3)
+    res = fit(Toy(), toy_batches, make_eval(), cfg, tmp_path, TrackingConfig(backend="none"))
+    hist = res.history
+    assert 1 < res.state.step < 100000
+    assert hist[-1]["cpu_s"] >= 0.3 > hist[-2]["cpu_s"]
+    assert all(a["cpu_s"] < b["cpu_s"] for a, b in itertools.pairwise(hist))
+    assert "eval/sim_al" in hist[-1]  # the stop step is evaluated and checkpointed
+    assert (tmp_path / "checkpoints" / f"step-{res.state.step:07d}").is_dir()
+    assert json.loads((tmp_path / "history.json").read_text()) == json.loads(json.dumps(hist))
+    again = fit(Toy(), toy_batches, make_eval(), cfg, tmp_path, TrackingConfig(backend="none"))
+    assert again.state.step == res.state.step  # the budget is spent: a resume does not train
