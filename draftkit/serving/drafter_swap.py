@@ -42,7 +42,8 @@ def engine_kwargs() -> dict:
 
 
 def tensor_digest(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.detach().cpu().contiguous().view(torch.uint8).numpy()).hexdigest()
+    flat = t.detach().cpu().contiguous().reshape(-1)  # 0-dim tensors cannot be viewed as bytes
+    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()
 
 
 class DrafterSwap:
