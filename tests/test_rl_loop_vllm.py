@@ -68,3 +68,26 @@ def test_loop_updates_policy_in_engine_and_refreshes_draft(tmp_path, tiny_target
     assert png.stat().st_size > 1000
     assert (out / "meta.json").is_file()
     assert torch.is_tensor(tiny_target.model.lm_head.weight)  # the shared fixture untouched
+
+
+def test_samples_advantages_rollout_rows_and_plot(tmp_path):
+    import json
+
+    rows = [{"prompt_ids": [1, 2], "response_ids": r, "reward": w, "temperature": 1.0}
+            for r, w in (([3], 1.0), ([4], 0.0), ([], 0.0), ([5, 6], 0.0))]
+    todo, rewards = grpo_loop.samples(rows, group_size=2)
+    assert rewards.tolist() == [[1.0, 0.0], [0.0, 0.0]]
+    # group 0: mean 0.5, std sqrt(0.5); group 1 has no signal; the empty response is dropped
+    assert [s.response_ids for s in todo] == [[3], [4], [5, 6]]
+    assert [round(s.advantage, 4) for s in todo] == [0.7071, -0.7071, 0.0]
+    grpo_loop.write_rollouts(tmp_path / "r.jsonl", rows, step=7)
+    back = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert len(back) == 3 and all(r["policy_step"] == 7 for r in back)
+    logs = {}
+    for name, al in (("refresh", [1.5, 1.4, 1.8]), ("stale", [1.5, 1.4, 1.3])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(
+            {"step": i, "al": a, "reward": 0.1 * i,
+             "refresh": {"status": "published"} if name == "refresh" and i == 2 else None})
+            + "\n" for i, a in enumerate(al)))
+        logs[name] = tmp_path / f"{name}.jsonl"
+    assert grpo_loop.plot(logs, tmp_path / "p.png").stat().st_size > 1000
