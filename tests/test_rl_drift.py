@@ -91,3 +91,17 @@ def test_step_alpha_rules():
     # min(.5,.25)+min(.3,.75)+0 with q renormalised over the draft vocab (0.25, 0.75)
     assert drift.step_alpha(q_logits, ids, p_logits, 1.0, "probabilistic").item() == \
         pytest.approx(0.55)
+
+
+def test_walk_follows_vllms_path():
+    # row 1: start 2, 3 accepted -> next start 2+3+1 = 6: 0 accepted -> 7: no start, stop
+    # row 2: start 1, 1 accepted -> 3: 2 accepted -> 6: no start
+    accepted = torch.tensor([[-1, -1, 3, 0, 1, 2, 0, -1], [-1, 1, 0, 2, -1, -1, -1, -1]])
+    assert drift.walk(accepted, K).tolist() == [3, 2, 1, 4]
+
+
+def test_walk_of_the_self_draft(tiny_target, one_thread):
+    rows = _rows(tiny_target, n=3)
+    est = drift.estimate(PolicyAsDraft(), NOMODEL, tiny_target.model, rows, K, [0.0])["T=0"]
+    # every draft of K accepted: starts every K+1 tokens; the tail start accepts what is left
+    assert est["walk"]["al"] > 1 + K - 0.5 and est["walk"]["per_position"][0] == 1.0

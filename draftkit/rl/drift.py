@@ -12,8 +12,9 @@ A run of drafts stops at the first rejection, so position j is reached and accep
 c_j(t) = prod_{i<=j} alpha_i(t); per-position acceptance = mean_t c_j(t) (vLLM's
 accepted_at_pos_j / drafts) and AL = 1 + sum_j mean_t c_j(t). Start indices t count when the
 policy produced x_{t+1} and x_{t+2} (both response tokens). Steps past the end count as
-rejected. Departure from vLLM: every t is a start here, vLLM starts only where the last
-verification ended; the two agree when acceptance does not depend on the start.
+rejected. Every t is a start here; vLLM starts only where the last verification ended. At T=0
+on a greedy rollout the teacher-forced tokens are exactly what vLLM accepts, so `walk` also
+follows vLLM's path (next start = t + accepted + 1) and reproduces vLLM's own counters.
 
 `EngineAL` reads the same numbers from a live engine's `vllm:spec_decode_*` counter deltas.
 """
@@ -89,6 +90,7 @@ def batch_counts(kind, model, policy_model, batch: dict, k: int, temperatures: l
     chains = {temp: torch.ones(int(start.sum())) for temp in temperatures}
     sums = {temp: [] for temp in temperatures}
     rows, cols = start.nonzero(as_tuple=True)  # [N] start indices
+    leading = torch.zeros(len(rows))  # [N] drafts accepted in a row at T=0
     for j in range(k):
         at = cols + 1 + j  # policy position whose distribution judges step j
         inside = at + 1 < t  # the drafted token x_{at+1} exists in the padded batch ...
@@ -101,8 +103,28 @@ def batch_counts(kind, model, policy_model, batch: dict, k: int, temperatures: l
             alpha[idx] = step_alpha(q_logits, vocab_ids, p_logits, temp, draft_sampling)
             chains[temp] = chains[temp] * alpha
             sums[temp].append(chains[temp].sum())
+        leading = leading + chains[0.0] if 0.0 in chains else leading  # accepted run at T=0
     for temp in temperatures:
         out[temp] = torch.stack([*sums[temp], torch.tensor(float(len(rows)))])
+    if 0.0 in chains:
+        accepted = torch.full(start.shape, -1, dtype=torch.long)  # [B, T]; -1 = no start
+        accepted[rows, cols] = leading.round().long()
+        out["walk"] = walk(accepted, k)
+    return out
+
+
+def walk(accepted: torch.Tensor, k: int) -> torch.Tensor:
+    """vLLM's own path at T=0: the first draft starts after the first response token; after
+    `a` accepted drafts the next starts a + 1 tokens later (the bonus token). accepted [B, T]
+    (-1 where no draft can start) -> [k + 1]: accepted per position, then drafts."""
+    out = torch.zeros(k + 1)
+    for row in accepted.tolist():
+        t = next((i for i, a in enumerate(row) if a >= 0), len(row))
+        while t < len(row) and row[t] >= 0:
+            a = row[t]
+            out[:a] += 1
+            out[k] += 1
+            t += a + 1
     return out
 
 
@@ -110,15 +132,19 @@ def estimate(kind, model, policy_model, rows: list[Rollout], k: int,
              temperatures: list[float] = (0.0,), draft_sampling: str = "greedy",
              batch_tokens: int = 4096) -> dict:
     """Teacher-forced AL of `model` against `policy_model` on `rows`, per temperature:
-    {"T=0": {"al", "per_position": [k], "starts"}, ...}."""
+    {"T=0": {"al", "per_position": [k], "starts", "walk": {...}}, ...}; "walk" (T=0 only)
+    scores the same acceptances along the path vLLM itself takes on a greedy rollout."""
     model.eval()
-    totals = {temp: torch.zeros(k + 1) for temp in temperatures}
+    totals = {temp: torch.zeros(k + 1) for temp in [*temperatures, "walk"]}
     for group in plan(rows, batch_tokens):
         counts = batch_counts(kind, model, policy_model, pad_rows([rows[i] for i in group]), k,
                               list(temperatures), draft_sampling)
-        for temp in temperatures:
-            totals[temp] += counts[temp]
-    return {label(temp): summarize(totals[temp]) for temp in temperatures}
+        for key, value in counts.items():
+            totals[key] += value
+    out = {label(temp): summarize(totals[temp]) for temp in temperatures}
+    if 0.0 in temperatures:  # the same T=0 acceptances along vLLM's path (see walk)
+        out[label(0.0)]["walk"] = summarize(totals["walk"])
+    return out
 
 
 def summarize(total: torch.Tensor) -> dict:
