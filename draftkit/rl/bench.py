@@ -69,9 +69,11 @@ def heldout_prompts(tok, n: int, seed: int) -> list[list[int]]:
 
 
 def measure(llm, prompts: list[list[int]], cfg: BenchConfig) -> dict:
-    """{"T=1.0": {al, per_position, tokens_per_s, output_tokens}, ...} for one engine state."""
+    """{"T=1": {al, per_position, tokens_per_s, output_tokens}, ...} for one engine state
+    (after an untimed warm-up: the first batch of an engine pays for allocations)."""
     from draftkit.serving import vllm_engine
 
+    vllm_engine.generate(llm, prompts[:2], vllm_engine.sampling(0.0, 8))  # warm-up, untimed
     out = {}
     for t in cfg.temperatures:
         run = vllm_engine.measure(llm, prompts, vllm_engine.sampling(t, cfg.max_tokens,
