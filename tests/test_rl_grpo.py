@@ -107,3 +107,28 @@ def test_policy_update_raises_the_rewarded_sample(one_thread):
     assert m["response_tokens"] == 5 and 0.0 <= m["clip_frac"] <= 1.0
     m2 = grpo.policy_update(model, opt, [good, bad], 0, clip_eps=0.2, ref_model=ref)
     assert m2["kl_ref"] > 0  # the policy moved away from the reference
+
+
+def test_update_on_informative_samples_equals_whole_batch(one_thread):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    a = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                     num_hidden_layers=1, num_attention_heads=2,
+                                     num_key_value_heads=2))
+    b = LlamaForCausalLM(a.config)
+    b.load_state_dict(a.state_dict())
+    batch = [grpo.Sample([1, 2], [3, 4, 5], 1.0), grpo.Sample([1, 2], [6, 7], -1.0),
+             grpo.Sample([1, 9], [8], 0.0), grpo.Sample([1, 9], [8, 8, 8, 8], 0.0)]
+    assert grpo.mean_kl(a, b, batch, 0) == pytest.approx(0.0, abs=1e-7)
+    for agg in ("token", "sequence"):
+        grpo.policy_update(a, torch.optim.SGD(a.parameters(), lr=0.5), batch, 0, 0.2,
+                           micro_batch=3, agg=agg)
+        few = grpo.informative(batch)
+        assert len(few) == 2
+        grpo.policy_update(b, torch.optim.SGD(b.parameters(), lr=0.5), few, 0, 0.2,
+                           micro_batch=3, agg=agg, n_tokens=grpo.response_tokens(batch),
+                           n_seqs=len(batch))
+        for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+            assert torch.allclose(pa, pb, atol=1e-6), (agg, name)
+    assert grpo.mean_kl(a, LlamaForCausalLM(a.config), batch, 0) > 0

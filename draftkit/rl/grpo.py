@@ -92,15 +92,37 @@ def pad_batch(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, ...]:
     return ids, attn, resp, adv
 
 
+def informative(samples: list[Sample]) -> list[Sample]:
+    """The samples that carry gradient without a KL term: advantage != 0 (a group whose
+    rewards are all equal has none). Updating on these with the whole batch's `n_tokens` /
+    `n_seqs` gives exactly the gradient of the whole batch, for less compute."""
+    return [s for s in samples if s.advantage != 0.0]
+
+
+def response_tokens(samples: list[Sample]) -> int:
+    return sum(len(s.response_ids) for s in samples)
+
+
+@torch.no_grad()
+def mean_kl(model, ref_model, samples: list[Sample], pad_id: int) -> float:
+    """Mean per-token k3 KL(model || ref) over the samples' response tokens."""
+    ids, attn, mask, _ = pad_batch(samples, pad_id)
+    kl = kl_k3(token_logprobs(model, ids, attn), token_logprobs(ref_model, ids, attn))
+    return float((kl * mask).sum() / mask.sum().clamp(min=1))
+
+
 def policy_update(model, optimizer, samples: list[Sample], pad_id: int, clip_eps: float,
                   kl_coef: float = 0.0, ref_model=None, epochs: int = 1, micro_batch: int = 4,
-                  agg: str = "token", max_grad_norm: float = 1.0) -> dict:
+                  agg: str = "token", max_grad_norm: float = 1.0, n_tokens: int | None = None,
+                  n_seqs: int | None = None) -> dict:
     """`epochs` optimizer steps on the step's samples (gradients accumulated over
-    micro-batches). Returns loss, KL to `ref_model` before the update, clip fraction, grad
-    norm."""
+    micro-batches). `n_tokens` / `n_seqs` normalise the loss (default: these samples'; pass
+    the whole batch's when updating on `informative(...)` only). Returns loss, KL to
+    `ref_model` before the update, clip fraction, grad norm."""
     chunks = [pad_batch(samples[i:i + micro_batch], pad_id)
               for i in range(0, len(samples), micro_batch)]
-    n_tokens = int(sum(c[2].sum() for c in chunks))
+    n_tokens = n_tokens or int(sum(c[2].sum() for c in chunks))
+    n_seqs = n_seqs or len(samples)
     old, ref, kl_sum = [], [], 0.0
     if ref_model is not None:
         with torch.no_grad():
@@ -120,7 +142,7 @@ def policy_update(model, optimizer, samples: list[Sample], pad_id: int, clip_eps
                     kl_sum += float((kl.detach() * mask).sum())
                 if kl_coef:
                     per_tok = per_tok + kl_coef * kl
-            loss = aggregate(per_tok, mask, agg, n_tokens, len(samples))
+            loss = aggregate(per_tok, mask, agg, n_tokens, n_seqs)
             loss.backward()
             loss_sum += float(loss.detach())
             clipped_sum += float((clipped.float() * mask).sum())

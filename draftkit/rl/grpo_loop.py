@@ -46,6 +46,7 @@ class LoopConfig:
     kl_coef: float = 0.0  # KL-to-initial penalty in the loss (the KL is logged either way)
     epochs: int = 1  # optimizer steps per batch of rollouts (>1: the clip binds)
     micro_batch: int = 4  # sequences per forward/backward
+    kl_samples: int = 4  # rollouts per step the logged KL-to-initial is measured on
     loss_agg: str = "token"  # token | sequence
     format_weight: float = 0.1  # reward for stating the answer as '#### N'
     draft: str = "eagle3"  # eagle3 | ngram | none
@@ -151,6 +152,22 @@ def samples(rows: list[dict], group_size: int) -> tuple[list[grpo.Sample], torch
             for row, a in zip(rows, adv, strict=True) if row["response_ids"]], r
 
 
+def update(model, ref, opt, todo: list[grpo.Sample], cfg: LoopConfig, pad_id: int) -> dict:
+    """The KL to the initial policy on the first `kl_samples` rollouts (before the update),
+    then the update; without a KL term only samples with a non-zero advantage are run (the
+    same gradient, see grpo.informative)."""
+    kl = grpo.mean_kl(model, ref, todo[:cfg.kl_samples], pad_id) if todo else None
+    run = todo if cfg.kl_coef else grpo.informative(todo)
+    out = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "updated_samples": len(run)}
+    if run:
+        out.update(grpo.policy_update(
+            model, opt, run, pad_id, cfg.clip_eps, cfg.kl_coef, ref if cfg.kl_coef else None,
+            cfg.epochs, cfg.micro_batch, cfg.loss_agg,
+            n_tokens=grpo.response_tokens(todo), n_seqs=len(todo)))
+    out["kl_ref"] = kl
+    return out
+
+
 def maybe_refresh(refresher, llm, model, tok, rows: list[dict], step: int,
                   al: float | None) -> dict | None:
     """Observe the step's rollouts; refresh + swap when the trigger fires. The event (or None)."""
@@ -213,9 +230,7 @@ def run(cfg: LoopConfig, out_dir: str | Path) -> list[dict]:
             rows, stats = rollout(llm, batch, cfg, tok)
             todo, rewards = samples(rows, cfg.group_size)
             t0 = time.perf_counter()
-            upd = grpo.policy_update(model, opt, todo, tok.pad_token_id or 0, cfg.clip_eps,
-                                     cfg.kl_coef, ref, cfg.epochs, cfg.micro_batch,
-                                     cfg.loss_agg)
+            upd = update(model, ref, opt, todo, cfg, tok.pad_token_id or 0)
             update_s = time.perf_counter() - t0
             sync = policy_sync.sync_policy(llm, model, out_dir / "policy-sync")
             event = (maybe_refresh(refresher, llm, model, tok, rows, step, stats["al"])
@@ -225,6 +240,7 @@ def run(cfg: LoopConfig, out_dir: str | Path) -> list[dict]:
                    "formatted": sum(r["formatted"] for r in rows) / len(rows),
                    **stats, "kl_ref": upd["kl_ref"], "loss": upd["loss"],
                    "clip_frac": upd["clip_frac"], "grad_norm": upd["grad_norm"],
+                   "updated_samples": upd["updated_samples"],
                    "update_s": update_s, "sync_s": sync["total_s"], "refresh": event,
                    "elapsed_s": time.perf_counter() - t_start}
             records.append(rec)
