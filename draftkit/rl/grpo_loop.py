@@ -269,11 +269,13 @@ def read_log(path: str | Path) -> list[dict]:
 
 def plot(logs: dict[str, str | Path], out: str | Path) -> Path:
     """Rollout AL and mean reward against RL step, one line per labelled log (e.g. "refresh",
-    "no refresh"); refresh events that published are marked on the AL panel."""
+    "no refresh"); a published refresh is a dotted line at the step whose rollouts it trained
+    on (the next step's rollouts use it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_al, ax_r) = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, path in logs.items():
@@ -288,6 +290,7 @@ def plot(logs: dict[str, str | Path], out: str | Path) -> Path:
     ax_al.set(xlabel="RL step", ylabel="rollout AL (vLLM counters)", title="acceptance length")
     ax_r.set(xlabel="RL step", ylabel="mean reward", title="reward")
     for ax in (ax_al, ax_r):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
