@@ -1,0 +1,231 @@
+"""The refresh benchmark: does a refreshed draft keep rollouts fast as the policy moves?
+`scripts/bench_refresh.py` drives it.
+
+On held-out math prompts (mathgen `eval` split, templated as the RL loop templates them),
+measured in vLLM at each temperature (T=1, the RL setting, and T=0):
+    v0/v0       draft v0 on policy v0 (what the draft was trained for)
+    stale       draft v0 on policy vN
+    refreshed   draft v0 refreshed on vN's rollouts (`draftkit refresh`), hot-swapped into the
+                stale engine (the swap's latency is measured there, no restart)
+    scratch     a draft trained from scratch on vN with v0's data budget (a run dir the user
+                trains with the normal pipeline; skipped when not given)
+    ngram       vLLM n-gram on vN
+    none        no speculation on vN
+Each row: AL, per-position acceptance, tokens/s. The refresh's compute (steps, tokens, wall
+time) is set against the scratch run's (steps, train time), and the issue's goals are checked:
+refreshed AL >= 90% of scratch at <= 20% of its compute, swap < 1 s, refreshed rollouts at
+T=1 faster than stale and than n-gram.
+
+The refresh runs on a copy of the draft run (`<out>/refresh-run`: config + export only), so
+the draft run itself is never modified.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from draftkit.core import artifacts, config
+from draftkit.core.errors import DraftkitError
+
+
+@dataclass
+class BenchConfig:
+    draft_run: str = ""  # run dir whose export is draft v0 (trained on policy v0)
+    policy_v0: str = "smollm2-135m"  # registry name or HF dir
+    policy_vn: str = ""  # HF dir of the moved policy (rl_loop.py saves <out>/policy)
+    rollouts: list[str] = field(default_factory=list)  # vN rollouts (rl_loop: <out>/rollouts)
+    scratch_run: str = ""  # run dir of a draft trained from scratch on vN (optional)
+    refresh_overrides: list[str] = field(default_factory=list)  # refresh.* of the copy
+    prompts: int = 32  # held-out prompts
+    max_tokens: int = 128
+    temperatures: list[float] = field(default_factory=lambda: [1.0, 0.0])
+    k: int = 3
+    batch_size: int = 16
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    seed: int = 0
+
+    def check(self) -> BenchConfig:
+        missing = [n for n in ("draft_run", "policy_vn") if not getattr(self, n)]
+        if missing or not self.rollouts:
+            raise DraftkitError(f"bench_refresh needs draft_run, policy_vn and rollouts (missing: "
+                                f"{', '.join(missing + ([] if self.rollouts else ['rollouts']))});"
+                                " rl_loop.py writes <out>/policy and <out>/rollouts")
+        return self
+
+
+def load_config(overrides: list[str]) -> BenchConfig:
+    return config.merge(BenchConfig(), config.parse_overrides(overrides)).check()
+
+
+def heldout_prompts(tok, n: int, seed: int) -> list[list[int]]:
+    from draftkit.prepare import mathgen
+    from draftkit.rl.grpo_loop import prompt_ids
+
+    return [prompt_ids(tok, p.question) for p in mathgen.generate("eval", n, seed=seed)]
+
+
+def measure(llm, prompts: list[list[int]], cfg: BenchConfig) -> dict:
+    """{"T=1": {al, per_position, tokens_per_s, output_tokens}, ...} for one engine state
+    (after an untimed warm-up: the first batch of an engine pays for allocations)."""
+    from draftkit.serving import vllm_engine
+
+    vllm_engine.generate(llm, prompts[:2], vllm_engine.sampling(0.0, 8))  # warm-up, untimed
+    out = {}
+    for t in cfg.temperatures:
+        run = vllm_engine.measure(llm, prompts, vllm_engine.sampling(t, cfg.max_tokens,
+                                                                     seed=cfg.seed),
+                                  batch_size=cfg.batch_size)
+        spec = run["spec"] or {}
+        out[f"T={t:g}"] = {"al": spec.get("acceptance_length", 1.0),
+                           "per_position": spec.get("per_position", []),
+                           "tokens_per_s": run["tokens_per_s"],
+                           "output_tokens": run["output_tokens"]}
+    return out
+
+
+def refresh_copy(cfg: BenchConfig, out: Path) -> dict:
+    """Refresh draft v0 on vN's rollouts in a copy of the draft run; the job's result."""
+    from draftkit.rl.refresh import refresh
+
+    src, dst = Path(cfg.draft_run), out / "refresh-run"
+    if not (src / "export").is_dir():
+        raise DraftkitError(f"draft run {src} has no export/; run `draftkit export {src}` first")
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    shutil.copy2(src / config.CONFIG_NAME, dst / config.CONFIG_NAME)
+    shutil.copytree(src / "export", dst / "export")
+    res = refresh(dst, cfg.policy_vn, cfg.rollouts, cfg.refresh_overrides)
+    if res["status"] != "published":
+        raise DraftkitError(f"the refresh did not publish ({res.get('reason')}); raise "
+                            "refresh.budget_steps or give more rollouts")
+    lin = res["lineage"]
+    return {"dir": str(dst / "drafts" / res["version"]), "steps": lin["steps"],
+            "tokens_trained": lin["tokens_trained"], "train_s": lin["train_s"],
+            "wall_s": lin["wall_s"], "al_estimate": {"before": lin["al_before"],
+                                                     "after": lin["al_after"]}}
+
+
+def scratch_compute(run_dir: str) -> dict:
+    """Steps and train seconds of a from-scratch run (its train/meta.json)."""
+    meta = artifacts.read_json(artifacts.RunPaths(run_dir).train / "meta.json")
+    return {"steps": meta.get("steps"),
+            "train_s": (meta.get("timings") or {}).get("train_s_this_call")}
+
+
+def run(cfg: BenchConfig, out: str | Path) -> dict:
+    """Every variant, one engine per (policy, speculation) pair; the JSON-able result."""
+    from transformers import AutoTokenizer
+
+    from draftkit.rl import kinds
+    from draftkit.serving import drafter_swap, policy_sync, vllm_engine
+    from draftkit.target.load import target_dir
+
+    out = Path(out)
+    v0, vn = str(target_dir(cfg.policy_v0)), str(Path(cfg.policy_vn).resolve())
+    prompts = heldout_prompts(AutoTokenizer.from_pretrained(vn), cfg.prompts, cfg.seed)
+    v0_draft = Path(cfg.draft_run) / "export"
+    refreshed = refresh_copy(cfg, out)
+
+    def engine(model: str, spec: dict | None):
+        return vllm_engine.engine(vllm_engine.EngineSpec(
+            model=model, dtype=cfg.dtype, max_model_len=cfg.max_model_len, seed=cfg.seed,
+            speculative_config=spec, extra=policy_sync.engine_kwargs()))
+
+    rows, swap = {}, {}
+    with engine(v0, vllm_engine.eagle3_config(v0_draft, cfg.k)) as llm:
+        rows["v0/v0"] = measure(llm, prompts, cfg)
+    with engine(vn, vllm_engine.eagle3_config(v0_draft, cfg.k)) as llm:
+        rows["stale"] = measure(llm, prompts, cfg)
+        t0 = time.perf_counter()
+        report = drafter_swap.swap_into(llm, refreshed["dir"], kinds.get("eagle3"),
+                                        prompts[:8], min_al=0.0, max_tokens=32)
+        swap = {"load_s": report["swap_s"], "with_check_s": time.perf_counter() - t0,
+                "restart": False}
+        rows["refreshed"] = measure(llm, prompts, cfg)
+    if cfg.scratch_run:
+        with engine(vn, vllm_engine.eagle3_config(Path(cfg.scratch_run) / "export",
+                                                  cfg.k)) as llm:
+            rows["scratch"] = measure(llm, prompts, cfg)
+    with engine(vn, vllm_engine.ngram_config(cfg.k)) as llm:
+        rows["ngram"] = measure(llm, prompts, cfg)
+    with engine(vn, None) as llm:
+        rows["none"] = measure(llm, prompts, cfg)
+    scratch = scratch_compute(cfg.scratch_run) if cfg.scratch_run else None
+    result = {"config": asdict(cfg), "prompts": len(prompts), "rows": rows,
+              "refresh": refreshed, "scratch": scratch, "swap": swap}
+    result["goals"] = goals(result, cfg.temperatures)
+    return result
+
+
+def goals(result: dict, temperatures: list[float]) -> dict:
+    """The issue's goals, each {"ok", "detail"} (ok None when a row needed is missing)."""
+    rows, t1 = result["rows"], f"T={max(temperatures):g}"
+    out = {"swap_under_1s": {"ok": result["swap"]["load_s"] < 1.0,
+                             "detail": f"{result['swap']['load_s']:.3f} s, no restart"}}
+    fast = rows["refreshed"][t1]["tokens_per_s"]
+    out["faster_than_stale"] = {"ok": fast > rows["stale"][t1]["tokens_per_s"],
+                                "detail": f"{fast:.1f} vs {rows['stale'][t1]['tokens_per_s']:.1f} tok/s"}
+    out["faster_than_ngram"] = {"ok": fast > rows["ngram"][t1]["tokens_per_s"],
+                                "detail": f"{fast:.1f} vs {rows['ngram'][t1]['tokens_per_s']:.1f} tok/s"}
+    sc = result["scratch"]
+    if "scratch" in rows and sc and sc.get("train_s"):
+        ratio = rows["refreshed"][t1]["al"] / rows["scratch"][t1]["al"]
+        cost = result["refresh"]["train_s"] / sc["train_s"]
+        out["recovers_90pct_of_scratch"] = {"ok": ratio >= 0.9, "detail": f"{ratio:.1%}"}
+        out["at_20pct_compute"] = {"ok": cost <= 0.2, "detail": f"{cost:.1%} of train time"}
+    else:
+        out["recovers_90pct_of_scratch"] = {"ok": None, "detail": "no scratch_run given"}
+    return out
+
+
+def markdown(result: dict) -> str:
+    temps = list(next(iter(result["rows"].values())))
+    head = "| variant | " + " | ".join(f"AL {t} | per-position {t} | tok/s {t}"
+                                       for t in temps) + " |"
+    lines = [head, "|" + "---|" * (1 + 3 * len(temps))]
+    for name, row in result["rows"].items():
+        cells = [f"{row[t]['al']:.3f} | {', '.join(f'{x:.2f}' for x in row[t]['per_position'])}"
+                 f" | {row[t]['tokens_per_s']:.1f}" for t in temps]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    r = result["refresh"]
+    lines += ["", f"Refresh: {r['steps']} steps, {r['tokens_trained']} tokens, "
+                  f"{r['train_s']:.1f} s training ({r['wall_s']:.1f} s wall); hot swap "
+                  f"{result['swap']['load_s']:.3f} s ({result['swap']['with_check_s']:.2f} s "
+                  "with the hash + probe check), no restart."]
+    if result["scratch"]:
+        lines.append(f"From scratch: {result['scratch']['steps']} steps, "
+                     f"{result['scratch']['train_s']} s training.")
+    lines += ["", "| goal | met | detail |", "|---|---|---|"]
+    lines += [f"| {k} | {v['ok']} | {v['detail']} |" for k, v in result["goals"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temps = list(next(iter(result["rows"].values())))
+    names = list(result["rows"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    width = 0.8 / len(temps)
+    for i, t in enumerate(temps):
+        xs = [j + i * width for j in range(len(names))]
+        axes[0].bar(xs, [result["rows"][n][t]["al"] for n in names], width, label=t)
+        axes[1].bar(xs, [result["rows"][n][t]["tokens_per_s"] for n in names], width, label=t)
+    for ax, label in zip(axes, ("acceptance length", "tokens/s"), strict=True):
+        ax.set_xticks([j + width * (len(temps) - 1) / 2 for j in range(len(names))], names)
+        ax.set(ylabel=label)
+        ax.legend()
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

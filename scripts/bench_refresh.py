@@ -1,0 +1,42 @@
+"""The refresh benchmark (draftkit/rl/bench.py): draft v0 on policy v0, the stale draft on
+policy vN, the refreshed draft (hot-swapped), a from-scratch draft, n-gram and no speculation,
+at T=1 and T=0, on held-out math prompts in vLLM. Writes results/bench_refresh.{json,md,png}.
+
+    # policy vN and its rollouts from a longer / higher-lr RL run
+    python scripts/rl_loop.py --out runs/rl-loop/long draft=ngram steps=40 lr=3e-5
+    python scripts/bench_refresh.py draft_run=runs/smol policy_vn=runs/rl-loop/long/policy \
+        rollouts=[runs/rl-loop/long/rollouts] scratch_run=runs/smol-vn
+    # smoke (tiny prompts/tokens; prints the table, writes under --out)
+    python scripts/bench_refresh.py --out /tmp/bench draft_run=... policy_vn=... \
+        rollouts=[...] prompts=4 max_tokens=16 batch_size=4
+
+Settings are `BenchConfig` fields as key=value.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    from draftkit.core import artifacts
+    from draftkit.rl import bench
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("overrides", nargs="*", help="BenchConfig key=value")
+    ap.add_argument("--out", default="results", help="dir for bench_refresh.{json,md,png}")
+    args = ap.parse_args(argv)
+    cfg = bench.load_config(args.overrides)
+    out = Path(args.out)
+    result = bench.run(cfg, out)
+    result["meta"] = artifacts.make_meta("bench_refresh", None)
+    artifacts.write_json_atomic(out / "bench_refresh.json", result)
+    md = bench.markdown(result)
+    artifacts.write_text_atomic(out / "bench_refresh.md", md)
+    bench.plot(result, out / "bench_refresh.png")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""bench_refresh on a tiny smoke setting (tiny-llama, random EAGLE-3 head as draft v0, a
+perturbed copy of the policy as vN with its own rollouts): every variant is measured at T=1 and
+T=0, the refresh ran on a copy (the draft run is untouched), the swap was timed, and the JSON,
+Markdown and PNG are written. The numbers mean nothing here; the goals are evaluated, not
+asserted. Plus config errors without vLLM."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from _rl_helpers import make_run, write_rollouts
+
+from draftkit.core.errors import DraftkitError
+from draftkit.rl import bench
+
+
+def test_config_needs_policy_and_rollouts():
+    with pytest.raises(DraftkitError, match="policy_vn, rollouts"):
+        bench.load_config(["draft_run=r"])
+    cfg = bench.load_config(["draft_run=r", "policy_vn=p", "rollouts=[a.jsonl]",
+                             "temperatures=[1.0]"])
+    assert cfg.rollouts == ["a.jsonl"] and cfg.temperatures == [1.0]
+
+
+def _policy_vn(tiny_target, path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target.path, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))  # a moved policy of the same lineage
+    model.save_pretrained(path)
+    tiny_target.tokenizer.save_pretrained(path)
+    return SimpleNamespace(model=model.eval(), tokenizer=tiny_target.tokenizer)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_bench_smoke(tmp_path, tiny_target):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    import bench_refresh
+
+    run = make_run(tmp_path / "runs", tiny_target)
+    vn = _policy_vn(tiny_target, tmp_path / "vn")
+    rollouts = write_rollouts(vn, tmp_path / "rollouts" / "step-1.jsonl", 12)
+    before = sorted(p.name for p in run.iterdir())
+    bench_refresh.main(["--out", str(tmp_path / "out"), f"draft_run={run}",
+                        "policy_v0=tiny-llama", f"policy_vn={tmp_path / 'vn'}",
+                        f"rollouts=[{rollouts}]", "prompts=4", "max_tokens=16", "batch_size=4",
+                        "max_model_len=512",
+                        "refresh_overrides=[refresh.budget_steps=10, refresh.lr=3e-3,"
+                        " refresh.min_gain=-1]"])
+    result = json.loads((tmp_path / "out" / "bench_refresh.json").read_text())
+    assert list(result["rows"]) == ["v0/v0", "stale", "refreshed", "ngram", "none"]
+    for row in result["rows"].values():
+        assert set(row) == {"T=1", "T=0"}
+        assert all(r["tokens_per_s"] > 0 and r["al"] >= 1.0 for r in row.values())
+    assert result["rows"]["none"]["T=0"]["al"] == 1.0  # no speculation, no drafts
+    assert result["refresh"]["steps"] == 10 and result["refresh"]["tokens_trained"] > 0
+    assert result["swap"]["load_s"] > 0 and result["swap"]["restart"] is False
+    assert result["goals"]["recovers_90pct_of_scratch"]["ok"] is None  # no scratch run
+    assert sorted(p.name for p in run.iterdir()) == before  # refreshed a copy, not the run
+    assert "| refreshed |" in (tmp_path / "out" / "bench_refresh.md").read_text()
+    assert (tmp_path / "out" / "bench_refresh.png").stat().st_size > 1000
