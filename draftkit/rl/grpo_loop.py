@@ -199,9 +199,10 @@ def run(cfg: LoopConfig, out_dir: str | Path) -> list[dict]:
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from draftkit.core import hardware
     from draftkit.rl.refresher import DraftRefresher
     from draftkit.serving import policy_sync, vllm_engine
-    from draftkit.target.load import resolve_dtype, target_dir
+    from draftkit.target.load import target_dir
     from draftkit.train.loop import Tracker
 
     out_dir = Path(out_dir)
@@ -209,7 +210,7 @@ def run(cfg: LoopConfig, out_dir: str | Path) -> list[dict]:
     torch.manual_seed(cfg.seed)
     path = target_dir(cfg.target)
     tok = AutoTokenizer.from_pretrained(path)
-    dtype = resolve_dtype(cfg.dtype, "cpu")
+    dtype = hardware.torch_dtype(cfg.dtype, "cpu", key="rl dtype")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
