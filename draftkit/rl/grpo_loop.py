@@ -168,6 +168,10 @@ def update(model, ref, opt, todo: list[grpo.Sample], cfg: LoopConfig, pad_id: in
     return out
 
 
+def rates(rows: list[dict]) -> dict:
+    return {k: sum(r[k] for r in rows) / len(rows) for k in ("correct", "formatted")}
+
+
 def maybe_refresh(refresher, llm, model, tok, rows: list[dict], step: int,
                   al: float | None) -> dict | None:
     """Observe the step's rollouts; refresh + swap when the trigger fires. The event (or None)."""
@@ -236,13 +240,8 @@ def run(cfg: LoopConfig, out_dir: str | Path) -> list[dict]:
             sync = policy_sync.sync_policy(llm, model, out_dir / "policy-sync")
             event = (maybe_refresh(refresher, llm, model, tok, rows, step, stats["al"])
                      if refresher else None)
-            rec = {"step": step, "reward": float(rewards.mean()),
-                   "correct": sum(r["correct"] for r in rows) / len(rows),
-                   "formatted": sum(r["formatted"] for r in rows) / len(rows),
-                   **stats, "kl_ref": upd["kl_ref"], "loss": upd["loss"],
-                   "clip_frac": upd["clip_frac"], "grad_norm": upd["grad_norm"],
-                   "updated_samples": upd["updated_samples"],
-                   "update_s": update_s, "sync_s": sync["total_s"], "refresh": event,
+            rec = {"step": step, "reward": float(rewards.mean()), **rates(rows), **stats,
+                   **upd, "update_s": update_s, "sync_s": sync["total_s"], "refresh": event,
                    "elapsed_s": time.perf_counter() - t_start}
             records.append(rec)
             write_rollouts(out_dir / "rollouts" / f"step-{step:05d}.jsonl", rows, step)
