@@ -55,31 +55,13 @@ def make_run(src: Path, run: Path, layers: int, overrides: list[str]):
     return config.load(run)
 
 
-def measure(cfg, exports: dict[str, Path], prompts, ks, temps, batches) -> list[dict]:
-    """One engine per (method, k), reused over temperatures and batch sizes (as eval does)."""
-    from tqdm import tqdm
+def measure(cfg, exports: dict[str, Path], prompts, ks) -> list[dict]:
+    """No speculation, then every method at every k, on one prompt set (eval's measure_vllm);
+    cfg.eval holds the temperatures and batch sizes."""
+    from draftkit.eval.stage import measure_vllm
 
-    from draftkit.eval import stage as ev
-    from draftkit.serving import vllm_engine
-
-    rows = []
-    grid = [("none", None)] + [(m, k) for k in ks for m in METHODS]
-    for method, k in tqdm(grid, desc="vLLM engines", unit="engine"):
-        spec = ev.spec_config(method, k, exports.get(method))
-        with ev.started(ev.engine_spec(cfg, spec, cfg.eval.dtype, prompts)) as llm:
-            vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
-            for temp in temps:
-                params = vllm_engine.sampling(temp, cfg.eval.max_new_tokens,
-                                              seed=cfg.eval.seed if temp > 0 else None)
-                for b in batches:
-                    m = vllm_engine.measure(llm, prompts, params, batch_size=b)
-                    m.pop("outputs")
-                    rows.append(ev.row(method, k, temp, m))
-    base = {(r["temperature"], r["batch_size"]): r["tokens_per_s"] for r in rows
-            if r["method"] == "none"}
-    for r in rows:
-        r["speedup"] = r["tokens_per_s"] / base[(r["temperature"], r["batch_size"])]
-    return rows
+    grid = [("none", None, None)] + [(m, k, exports.get(m)) for k in ks for m in METHODS]
+    return measure_vllm(cfg, None, prompts, grid=grid)[0]
 
 
 def draft_size(export_dir: Path) -> dict:
@@ -128,6 +110,7 @@ def main() -> int:
     args = p.parse_args()
 
     from draftkit import api
+    from draftkit.core import hardware
     from draftkit.core.artifacts import RunPaths
     from draftkit.eval.stage import load_prompts
 
@@ -142,7 +125,8 @@ def main() -> int:
     eagle = train_summary(src)
     epochs = args.epochs or eagle["epochs"]
     budget = (eagle["cpu_s"] or 0.0) if args.cpu_budget == "same" else float(args.cpu_budget)
-    overrides = [f"train.epochs={epochs}", f"train.max_cpu_seconds={budget}", f"eval.max_new_tokens={args.max_new_tokens}",
+    overrides = [f"train.epochs={epochs}", f"train.max_cpu_seconds={budget}",
+                 f"eval.max_new_tokens={args.max_new_tokens}",
                  f"eval.num_prompts={args.prompts}", f"eval.k_values=[{args.k}]",
                  f"eval.temperatures=[{args.temperature}]", f"eval.batch_sizes=[{args.batch}]",
                  *args.overrides]
@@ -153,15 +137,14 @@ def main() -> int:
         getattr(api, stage)(run, overrides=["export.check=false"] if stage == "export" else [])
         timings[stage] = round(time.perf_counter() - t0, 1)
     exports = {"eagle3": RunPaths(src).export, "draft_model": RunPaths(run).export}
-    prompts = load_prompts(RunPaths(run), args.prompts)
+    prompts = load_prompts(RunPaths(run).data, args.prompts)
     t0 = time.perf_counter()
-    rows = measure(cfg, exports, prompts, [int(k) for k in args.k.split(",")],
-                   [float(t) for t in args.temperature.split(",")],
-                   [int(b) for b in args.batch.split(",")])
+    rows = measure(cfg, exports, prompts, [int(k) for k in args.k.split(",")])
     timings["measure"] = round(time.perf_counter() - t0, 1)
     bench = {"source": str(src), "run": str(run), "cpu": _cpu(), "timings_s": timings,
              "settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                          "dtype": cfg.eval.dtype, "draft_lm_layers": cfg.draft.num_layers,
+                          "dtype": hardware.resolve(cfg.eval.dtype, key="eval.dtype"),
+                          "draft_lm_layers": cfg.draft.num_layers,
                           "epochs": epochs, "cpu_budget_s": budget},
              "drafts": {"eagle3": {**draft_size(exports["eagle3"]), **eagle},
                         "draft_model": {**draft_size(exports["draft_model"]),
