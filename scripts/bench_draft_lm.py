@@ -84,7 +84,7 @@ def train_summary(run: Path) -> dict:
     meta = artifacts.read_json(run / "train" / "meta.json")
     best = artifacts.read_json(run / "train" / "best" / "meta.json")
     return {"steps": meta.get("steps"), "epochs": meta["config"]["train"]["epochs"],
-            "train_s": meta.get("timings", {}).get("train_s_this_call"),
+            "train_s": _history_wall_s(run),
             "cpu_s": meta.get("cpu_s"),
             "best_step": best.get("step"), "sim_al": best.get("eval", {}).get("sim_al")}
 
@@ -152,6 +152,16 @@ def main() -> int:
              "rows": rows}
     write(bench, Path(args.out))
     return 0
+
+
+def _history_wall_s(run: Path) -> float | None:
+    """Wall seconds of the optimizer steps over every call (train/history.json), so a resumed
+    or finished run still reports its whole training time."""
+    from draftkit.core import artifacts
+
+    path = run / "train" / "history.json"
+    history = artifacts.read_json(path) if path.is_file() else []
+    return history[-1].get("wall_s") if history else None
 
 
 def _cpu() -> str:
