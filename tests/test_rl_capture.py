@@ -1,5 +1,7 @@
-"""`refresh.capture=harvest` on the tiny target: the same draft as online capture, a capture
-reused after a crash, a truncated shard recaptured, and a bad mode refused."""
+"""`refresh.capture=harvest` on the tiny target: the same draft as online capture (EAGLE-3;
+the draft LM in test_draft_lm_refresh.py), a capture reused after a crash, one stopped midway
+resumed, a truncated shard recaptured, the capture removed after a rejection, a bad mode
+refused."""
 
 from __future__ import annotations
 
@@ -127,6 +129,29 @@ def test_truncated_shard_is_recaptured(setup, online, monkeypatch):
     assert calls == [1]  # only the bad shard
     assert _same(tensors, online["float32"][1])
     assert not other.exists() and not (store.root / capture.ROOT).exists()
+
+
+def test_capture_stopped_midway_keeps_its_finished_shards(setup, online, monkeypatch):
+    name = "midway"
+    make_run(setup["tmp"] / "runs", setup["target"], name=name)
+    store = DraftStore(setup["tmp"] / "runs" / name)
+    with pytest.raises(finetune.Stopped, match="during capture"):  # SIGTERM after shard 0
+        _refresh(setup, name, [*FP32, "refresh.capture=harvest"],
+                 should_stop=lambda: any((store.root / capture.ROOT).glob("*/shard-*")))
+    calls = _count_shards(monkeypatch)
+    res, tensors = _refresh(setup, name, [*FP32, "refresh.capture=harvest"])
+    cap = res["lineage"]["capture"]
+    assert calls == list(range(1, cap["shards"])) and cap["reused_shards"] == 1
+    assert _same(tensors, online["float32"][1])
+
+
+def test_rejected_job_removes_its_capture(setup, tmp_path):
+    run = make_run(tmp_path, setup["target"], name="rejected")
+    res = refresh(run, setup["policy"], [setup["r1"]],
+                  [*FP32, "refresh.capture=harvest", "refresh.budget_steps=2",
+                   "refresh.min_gain=100"])
+    assert res["status"] == "rejected" and res["lineage"]["capture"]["mode"] == "harvest"
+    assert not (DraftStore(run).root / capture.ROOT).exists()
 
 
 def test_capture_mode_is_checked_before_anything_runs(setup, tmp_path):
