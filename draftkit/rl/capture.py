@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,8 @@ FEATURES = ("aux", "last")
 @dataclass
 class Captured:
     batches: Sequence[dict]  # the fine-tune's batches, by index (a list, or read on demand)
-    info: dict  # lineage "capture": mode, tokens, bytes (+ harvest: shards, reused, dtype)
+    info: dict  # lineage "capture": mode, tokens, bytes (features in RAM / shards on disk),
+    #             seconds (+ harvest: shards, reused_shards, dtype, dir, removed)
 
 
 def check_mode(mode: str) -> str:
@@ -77,13 +79,16 @@ def remove(store, job: str) -> None:
 def capture(kind, model, policy, rows: list[Rollout], cfg, store, job: str,
             should_stop=lambda: False) -> Captured:
     """The rows' batches with the policy's features, as `refresh.capture` says."""
-    rc = cfg.refresh
+    rc, t0 = cfg.refresh, time.perf_counter()
     if check_mode(rc.capture) == "online":
         batches = finetune.feature_batches(kind, model, policy.model, rows, rc.batch_tokens)
-        held = sum(b[n].nbytes for b in batches for n in FEATURES if n in b)
-        return Captured(batches, {"mode": "online", "tokens": sum(len(r.input_ids) for r in rows),
-                                  "bytes": held})
-    return harvest(kind, model, policy, rows, cfg, store, job, should_stop)
+        held = sum(b[n].nbytes for b in batches for n in FEATURES if n in b)  # in RAM
+        out = Captured(batches, {"mode": "online", "tokens": sum(len(r.input_ids) for r in rows),
+                                 "bytes": held})
+    else:
+        out = harvest(kind, model, policy, rows, cfg, store, job, should_stop)
+    out.info["seconds"] = time.perf_counter() - t0
+    return out
 
 
 # ----------------------------------------------------------------------------- harvest mode
@@ -119,9 +124,10 @@ def capture_shard(kind, model, policy_model, rows: list[Rollout], groups: list[l
                 raise DraftkitError(f"the policy produced NaN/Inf hidden states for rollout "
                                     f"{rows[i].source}; check that row and target.dtype")
     last = torch.cat(parts["last"])  # [T_shard, H]
-    aux = torch.cat(parts["aux"]) if parts["aux"] else last.new_empty(len(last), 0)  # [T_shard, A*H]
+    # [T_shard, A*H]; A = 0 for kinds that need `last` only
+    aux = torch.cat(parts["aux"]) if parts["aux"] else last.new_empty(len(last), 0)
     tensors = {
-        "aux": aux, "last": last,  # A = 0 for kinds that need `last` only
+        "aux": aux, "last": last,
         "input_ids": torch.tensor([t for i in order for t in rows[i].input_ids]),  # [T_shard]
         "loss_mask": torch.tensor([m for i in order for m in rows[i].loss_mask]),  # [T_shard]
         "seq_lens": torch.tensor(lens, dtype=torch.long),  # [S]
@@ -173,7 +179,8 @@ def harvest(kind, model, policy, rows: list[Rollout], cfg, store, job: str,
     layout = shards.plan_shards(sizes, cfg.harvest.shard_tokens)  # batches of each shard
     fp = _fingerprint(kind, cfg, job, rows)
     shards.clean_dir(directory, len(layout), fp)
-    todo = [s for s in range(len(layout)) if shards.verified_entry(directory, s, fp) is None]
+    entries = [shards.verified_entry(directory, s, fp) for s in range(len(layout))]
+    todo = [s for s, entry in enumerate(entries) if entry is None]  # missing, stale or damaged
     if todo:  # the dir claims complete only once every shard is good again
         (directory / shards.MANIFEST).unlink(missing_ok=True)
     bar = tqdm(total=sum(sizes[b] for s in todo for b in layout[s]), unit="tok",
@@ -183,14 +190,10 @@ def harvest(kind, model, policy, rows: list[Rollout], cfg, store, job: str,
             bar.close()
             raise finetune.Stopped(f"stopped during capture ({s} of {len(layout)} shards in "
                                    f"{directory}; a rerun keeps them)")
-        entry = capture_shard(kind, model, policy.model, rows, [plan[b] for b in layout[s]],
-                              directory, s, dtype, fp)
-        bar.update(entry["tokens"])
+        entries[s] = capture_shard(kind, model, policy.model, rows,
+                                   [plan[b] for b in layout[s]], directory, s, dtype, fp)
+        bar.update(entries[s]["tokens"])
     bar.close()
-    entries = [shards.verified_entry(directory, s, fp) for s in range(len(layout))]
-    if any(e is None for e in entries):
-        raise DraftkitError(f"refresh capture {directory} failed its checksums right after "
-                            "writing (disk full or another writer?); free space and rerun")
     manifest = shards.write_manifest(directory, _header(cfg, policy, kind, directory, fp, job),
                                      entries)
     try:
