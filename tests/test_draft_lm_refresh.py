@@ -83,6 +83,9 @@ def test_step_logits_are_the_drafts_later_positions(setup, tiny_target):
                                want.flatten(0, 1), rtol=1e-4, atol=1e-4)
 
 
+REFRESH = ["refresh.budget_steps=40", "refresh.lr=1e-3", "refresh.batch_tokens=2048"]
+
+
 @pytest.fixture(scope="module")
 def published(setup):
     from draftkit.rl.refresh import refresh
@@ -90,9 +93,7 @@ def published(setup):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return refresh(setup["run"], setup["policy"], [setup["r1"]],
-                       ["refresh.budget_steps=40", "refresh.lr=1e-3",
-                        "refresh.batch_tokens=2048"])
+        return refresh(setup["run"], setup["policy"], [setup["r1"]], REFRESH)
     finally:
         torch.set_num_threads(threads)
 
@@ -116,6 +117,32 @@ def test_refresh_publishes_a_better_draft_lm_with_engine_view(setup, published):
     assert torch.equal(qkv, torch.cat([raw[f"model.layers.1.self_attn.{x}_proj.weight"]
                                        for x in "qkv"]))
     assert "model.layers.0.mlp.gate_up_proj.weight" in view and "model.norm.weight" in view
+
+
+def test_harvest_capture_trains_the_same_draft_lm(setup, published, tmp_path):
+    """refresh.capture=harvest stores the policy's `last` only (aux [T, 0]) and, in fp32
+    shards, trains the draft LM the online capture trained, bit for bit."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from draftkit.rl import publish
+    from draftkit.rl.refresh import refresh
+
+    run = tmp_path / "dlm-harvest"  # the same run before its refresh: the same job
+    shutil.copytree(setup["run"], run, ignore=shutil.ignore_patterns("drafts"))
+    res = refresh(run, setup["policy"], [setup["r1"]],
+                  [*REFRESH, "refresh.capture=harvest", "harvest.dtype=float32"])
+    assert res["job"] == published["job"] and res["status"] == "published"
+    cap = res["lineage"]["capture"]
+    assert cap["mode"] == "harvest" and published["lineage"]["capture"]["mode"] == "online"
+    assert cap["tokens"] == published["lineage"]["capture"]["tokens"]
+    hidden = setup["cfg"].target.hidden_size
+    assert cap["tokens"] * hidden * 4 < cap["bytes"] < cap["tokens"] * hidden * 5  # no aux
+    mine = load_file(str(run / "drafts" / res["version"] / "model.safetensors"))
+    ref = load_file(str(publish.DraftStore(setup["run"]).root / published["version"]
+                        / "model.safetensors"))
+    assert mine.keys() == ref.keys() and all(torch.equal(mine[k], ref[k]) for k in ref)
 
 
 @pytest.mark.vllm

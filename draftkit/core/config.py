@@ -196,6 +196,11 @@ class RefreshConfig:
     temperature: float = 0.0  # the AL that decides publishing: T=0 (argmax) or T>0 (p/q rule)
     draft_sampling: str = "greedy"  # greedy = vLLM's default draft_sample_method | probabilistic
     max_seq_len: int = 2048  # rollout tokens kept per row (longer rows are cut)
+    # how the policy's features on the train + replay rows are held during the fine-tune:
+    # online = in RAM (fast, no disk); harvest = written once as shards (harvest.dtype,
+    # harvest.shard_tokens) under drafts/.capture/<job>/ and streamed back: for rollout sets
+    # that do not fit in RAM, and a crashed job reuses the finished capture (rl/capture.py)
+    capture: str = "online"
     seed: int = 0
     every: int = 0  # watch/DraftRefresher: refresh every N policy steps (0 = off)
     al_drop: float = 0.0  # ... or when AL < (1 - al_drop) * AL right after the last refresh

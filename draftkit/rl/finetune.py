@@ -1,5 +1,6 @@
 """The warm-start fine-tune of a refresh: the draft's own `forward(batch) -> (loss, metrics)`
-on rollouts whose policy features are captured once (online capture, no disk), AdamW at a
+on rollouts whose policy features are captured once (rl/capture.py: online in RAM, or harvest
+shards read back batch by batch; `batches` is any indexable sequence), AdamW at a
 constant small lr, until a step or wall-clock budget runs out.
 
 Batches are length-sorted groups of rollouts (train.stage.plan_batches), visited in a seeded
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +51,7 @@ def feature_batches(kind, model, policy_model, rows: list[Rollout],
     return out
 
 
-def finetune(model: torch.nn.Module, batches: list[dict], steps: int, seconds: float,
+def finetune(model: torch.nn.Module, batches: Sequence[dict], steps: int, seconds: float,
              lr: float, seed: int = 0, max_grad_norm: float = 0.5,
              should_stop: Callable[[], bool] = lambda: False) -> FinetuneResult:
     """Train until `steps` optimizer steps or `seconds` of wall time (0 = that limit is off)."""

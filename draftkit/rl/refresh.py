@@ -10,7 +10,9 @@ Steps, under the run's refresh lock: read and check the rollouts (policy tokeniz
 a deterministic `refresh.heldout_fraction` of them; add up to `refresh.replay` rows of the
 rollouts earlier refreshes trained on (their features recaptured with the new policy); load
 the current draft with the policy's frozen parts; estimate its AL on the held-out rows
-(drift.py); fine-tune within the budget; estimate again; publish if AL rose by more than
+(drift.py); capture the policy's features on the train + replay rows (`refresh.capture`:
+online in RAM, or harvest shards under drafts/.capture/<job>/ that a rerun reuses; capture.py);
+fine-tune within the budget; estimate again; publish if AL rose by more than
 `refresh.min_gain`, else log the reason. Every outcome goes to `drafts/refresh-log.jsonl`.
 A job is keyed by (policy hash, rollout sha256s, settings); a rerun after a crash finishes it,
 and a rerun after success does nothing: nothing is published twice.
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
-from draftkit.rl import drift, finetune, kinds, rollouts
+from draftkit.rl import capture, drift, finetune, kinds, rollouts
 from draftkit.rl.policy import Policy, check_lineage, load_policy
 from draftkit.rl.publish import DraftStore
 
@@ -86,6 +88,7 @@ def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: lis
     run_dir = config.run_dir_of(run_dir)
     cfg = config.load(run_dir, overrides)
     rc = cfg.refresh
+    capture.check_mode(rc.capture)
     kind = kinds.get(cfg.draft.kind)
     store = DraftStore(run_dir)
     with store.lock():
@@ -99,9 +102,11 @@ def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: lis
         parent = store.current() or "export"
         job = job_key(policy, digests, rc)
         if (done := store.find_job(job)) is not None:
+            capture.remove(store, job)  # a crash may have come before its removal
             return _finish_existing(store, done, job)
         rejected = [e for e in store.events() if e.get("job") == job and e["event"] == "rejected"]
         if rejected:
+            capture.remove(store, job)
             return {"status": "rejected", "version": None, "job": job, "resumed": True,
                     "reason": rejected[-1]["reason"]}
         return _run_job(cfg, kind, store, policy, files, digests, parent, job, should_stop)
@@ -124,9 +129,8 @@ def _run_job(cfg, kind, store, policy, files, digests, parent, job, should_stop)
                               rc.batch_tokens)
 
     before = measure()
-    batches = finetune.feature_batches(kind, model, policy.model, train_rows + replay,
-                                       rc.batch_tokens)
-    fit = finetune.finetune(model, batches, rc.budget_steps, rc.budget_s, rc.lr, rc.seed,
+    cap = capture.capture(kind, model, policy, train_rows + replay, cfg, store, job, should_stop)
+    fit = finetune.finetune(model, cap.batches, rc.budget_steps, rc.budget_s, rc.lr, rc.seed,
                             should_stop=should_stop)
     after = measure()
     key = drift.label(rc.temperature)
@@ -140,11 +144,13 @@ def _run_job(cfg, kind, store, policy, files, digests, parent, job, should_stop)
         "steps": fit.steps, "tokens_trained": fit.tokens, "train_s": fit.seconds,
         "loss": {"first": fit.first_loss, "last": fit.last_loss},
         "wall_s": time.perf_counter() - t0, "draft_kind": kind.name, "k": k,
+        "capture": cap.info,
     }
     if not gain > rc.min_gain:
         reason = (f"AL {key} after {after[key]['al']:.3f} is not above before "
                   f"{before[key]['al']:.3f} + refresh.min_gain={rc.min_gain}")
         store.log("rejected", job=job, parent=parent, reason=reason, **_brief(lineage))
+        capture.remove(store, job)
         print(f"refresh rejected: {reason}")
         return {"status": "rejected", "version": None, "job": job, "reason": reason,
                 "lineage": lineage}
@@ -160,6 +166,7 @@ def _run_job(cfg, kind, store, policy, files, digests, parent, job, should_stop)
     store.publish(version, write, lineage)
     store.set_current(version)
     store.log("published", job=job, version=version, **_brief(lineage))
+    capture.remove(store, job)
     print(f"refresh published {store.root / version}: AL {key} {before[key]['al']:.3f} -> "
           f"{after[key]['al']:.3f} ({fit.steps} steps, {fit.seconds:.1f} s)")
     return {"status": "published", "version": version, "job": job, "resumed": False,
