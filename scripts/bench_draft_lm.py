@@ -165,13 +165,12 @@ def _history_wall_s(run: Path) -> float | None:
 
 
 def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    """CPU model and the flags that decide dtypes (core/hardware.py), for the report."""
+    from draftkit.core import hardware
+
+    hw = hardware.summary()
+    return (f"{hw.get('cpu_model', 'unknown')} ({hw.get('cpu_count')} cores; "
+            f"{' '.join(hw.get('cpu_flags', []))}; native bf16: {hw.get('cpu_native_bf16')})")
 
 
 def write(bench: dict, out: Path) -> None:
