@@ -44,7 +44,10 @@ def budget(run_dir: str | Path) -> dict:
         if not (paths.data / split).is_dir():
             raise DraftkitError(f"run {run_dir} has no prepared data/{split}; run `draftkit "
                                 f"prepare {run_dir}` first")
-        out["conversations"][split] = len(datasets.load_from_disk(str(paths.data / split)))
+        ds = datasets.load_from_disk(str(paths.data / split))
+        out["conversations"][split] = len(ds)
+        out.setdefault("prompts_sha256", {})[split] = artifacts.fingerprint(
+            sorted(map(list, ds["prompt_ids"])))[:16]  # the prompts, in any order
     train = datasets.load_from_disk(str(paths.data / "train"))
     out["assistant_tokens"] = int(sum(sum(m) for m in train["loss_mask"]))
     meta = paths.train / "meta.json"
@@ -144,6 +147,7 @@ def build(v0_run: str | Path, policy_vn: str | Path, run_dir: str | Path,
               "v0": budget(v0_run), "scratch": budget(run_dir)}
     report["same_budget"] = {
         "conversations": report["v0"]["conversations"] == report["scratch"]["conversations"],
+        "prompts": report["v0"]["prompts_sha256"] == report["scratch"]["prompts_sha256"],
         "steps": report["v0"]["steps"] == report["scratch"]["steps"]}
     artifacts.write_json_atomic(run_dir / "scratch.json",
                                 {**artifacts.make_meta("scratch", None), **report})

@@ -352,7 +352,7 @@ def sample_rollouts(cfg: StyleShiftConfig, out: str | Path) -> dict:
     grpo_loop.write_rollouts(dst / f"step-{cfg.steps:05d}.jsonl", rows, cfg.steps)
     texts = [tok.decode(r["response_ids"], skip_special_tokens=True) for r in rows]
     stats = {k: v for k, v in stats.items() if k not in ("al", "per_position")}
-    stats.update(rows=len(rows), prompts=len(batch), policy_step=cfg.steps,
+    stats.update(rows=sum(1 for r in rows if r["response_ids"]), prompts=len(batch), policy_step=cfg.steps,
                  layout_rate=sum(map(follows_layout, texts)) / max(len(texts), 1),
                  **grpo_loop.rates(rows))
     artifacts.write_meta(dst, "style-shift-rollouts", asdict(cfg), {}, job=key, rollouts=stats)
