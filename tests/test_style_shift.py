@@ -157,7 +157,7 @@ def test_rollouts_and_scratch_draft_in_vllm(shifted, scratch_runs):
 
     cfg, out = shifted["cfg"], shifted["out"]
     stats = style_shift.sample_rollouts(cfg, out)
-    assert stats["rows"] == 3 * 2 and stats["policy_step"] == 30 and stats["output_tokens"] > 0
+    assert stats["rows"] == 3 * 2 and stats["policy_step"] == 30 and stats["rollout_tokens"] > 0
     tok = AutoTokenizer.from_pretrained(out / "policy")
     rows = rollouts.read_rollouts([out / "rollouts"], tok, len(tok))
     assert len(rows) == 6 and {r.policy_step for r in rows} == {30}
