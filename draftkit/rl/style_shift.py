@@ -29,7 +29,6 @@ A rerun with the same settings reuses a finished policy and finished rollouts.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import time
@@ -371,7 +370,3 @@ def run(cfg: StyleShiftConfig, out: str | Path, rollouts: bool = True) -> dict:
                "rollout_dir": str(out / "rollouts") if rollouts else None}
     artifacts.write_meta(out, "style-shift", asdict(cfg), meta["timings"], **summary)
     return summary
-
-
-def read_summary(out: str | Path) -> dict:
-    return json.loads((Path(out) / "meta.json").read_text())
