@@ -2,7 +2,7 @@
 layout (Given / Step i / Answer), save it as policy vN and sample vN's rollouts in vLLM at T=1
 (draftkit/rl/style_shift.py). The output is what bench_refresh.py takes as policy vN.
 
-    python scripts/drift_policy.py --out runs/drift/style                 # SmolLM2, 150 steps
+    python scripts/drift_policy.py --out runs/drift/style                 # SmolLM2, 60 steps
     python scripts/bench_refresh.py draft_run=runs/smol policy_vn=runs/drift/style/policy \
         rollouts=[runs/drift/style/rollouts] scratch_run=runs/smol-vn
     # tiny smoke (seconds): the in-process tiny-llama

@@ -2,7 +2,7 @@
 policy vN whose answers follow another layout, for when RL alone moves the policy too little
 to see. `scripts/drift_policy.py` drives it.
 
-    python scripts/drift_policy.py --out runs/drift/style policy=smollm2-135m   # ~10 min, 2 cores
+    python scripts/drift_policy.py --out runs/drift/style policy=smollm2-135m
     python scripts/bench_refresh.py draft_run=runs/smol policy_vn=runs/drift/style/policy \
         rollouts=[runs/drift/style/rollouts]
 
@@ -49,10 +49,10 @@ _LAYOUT = re.compile(r"\s*Given:[^\n]*\nStep 1:")
 @dataclass
 class StyleShiftConfig:
     policy: str = "smollm2-135m"  # v0: registry name or HF dir
-    examples: int = 512  # SFT problems (mathgen train split)
-    steps: int = 150  # optimizer steps
-    batch_size: int = 8  # sequences per step
-    lr: float = 3e-5
+    examples: int = 256  # SFT problems (mathgen train split)
+    steps: int = 60  # optimizer steps
+    batch_size: int = 4  # sequences per step
+    lr: float = 5e-5
     warmup_steps: int = 10  # linear warm-up, then constant lr
     max_grad_norm: float = 1.0
     dtype: str = "auto"  # autocast dtype (fp32 master weights); auto: core/hardware.py
