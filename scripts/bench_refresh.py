@@ -6,6 +6,10 @@ at T=1 and T=0, on held-out math prompts in vLLM. Writes results/bench_refresh.{
     python scripts/rl_loop.py --out runs/rl-loop/long draft=ngram steps=40 lr=3e-5
     python scripts/bench_refresh.py draft_run=runs/smol policy_vn=runs/rl-loop/long/policy \
         rollouts=[runs/rl-loop/long/rollouts] scratch_run=runs/smol-vn
+    # or a controlled drift (a fine-tune into another answer layout), and the from-scratch
+    # draft on vN with v0's data budget
+    python scripts/drift_policy.py --out runs/drift/style
+    python scripts/scratch_draft.py runs/smol runs/drift/style/policy runs/smol-vn
     # smoke (tiny prompts/tokens; prints the table, writes under --out)
     python scripts/bench_refresh.py --out /tmp/bench draft_run=... policy_vn=... \
         rollouts=[...] prompts=4 max_tokens=16 batch_size=4

@@ -7,8 +7,8 @@ measured in vLLM at each temperature (T=1, the RL setting, and T=0):
     stale       draft v0 on policy vN
     refreshed   draft v0 refreshed on vN's rollouts (`draftkit refresh`), hot-swapped into the
                 stale engine (the swap's latency is measured there, no restart)
-    scratch     a draft trained from scratch on vN with v0's data budget (a run dir the user
-                trains with the normal pipeline; skipped when not given)
+    scratch     a draft trained from scratch on vN with v0's data budget (a run dir:
+                scripts/scratch_draft.py builds it, rl/scratch.py; skipped when not given)
     ngram       vLLM n-gram on vN
     none        no speculation on vN
 Each row: AL, per-position acceptance, tokens/s. The refresh's compute (steps, tokens, wall
