@@ -59,7 +59,7 @@ def template_layers(kind: str, info: TargetInfo) -> list[Path]:
     return [configs_dir() / n for n in names if (configs_dir() / n).is_file()]
 
 
-def _fill_target(cfg: RunConfig, info: TargetInfo) -> None:
+def fill_target(cfg: RunConfig, info: TargetInfo) -> None:
     t = cfg.target
     for key in ("hub_id", "family", "architecture", "num_hidden_layers", "hidden_size",
                 "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
@@ -128,7 +128,7 @@ def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
     cli = config.deep_update(cli, config.parse_overrides(overrides or []))
     config.merge(cfg, cli)
     config.deep_update(explicit, cli)
-    _fill_target(cfg, info)
+    fill_target(cfg, info)
     cfg.name = name or f"{info.name.split('/')[-1].lower()}-{data}-{kind}"
     _derive(cfg, info, explicit)
     _check_vocab(cfg, info)

@@ -84,7 +84,7 @@ def write_prompts(v0_run: str | Path, dst: Path) -> Path:
 def scratch_config(v0_run: str | Path, policy_vn: str | Path, run_dir: Path, recipe: Path,
                    overrides: list[str] | None = None) -> config.RunConfig:
     """v0's resolved config with vN as the target and v0's prompts and step count."""
-    from draftkit.core.init import _fill_target
+    from draftkit.core.init import fill_target
     from draftkit.rl.policy import same_lineage
 
     v0 = config.load(v0_run)
@@ -99,7 +99,7 @@ def scratch_config(v0_run: str | Path, policy_vn: str | Path, run_dir: Path, rec
         raise DraftkitError(f"draft run {v0_run} has no train/meta.json with its step count; "
                             f"train it first (`draftkit train {v0_run}`)")
     cfg = config.from_dict(v0.to_dict())
-    _fill_target(cfg, registry.resolve(vn))
+    fill_target(cfg, registry.resolve(vn))
     cfg.target.revision = "main"
     cfg.name = run_dir.name
     cfg.data.recipe = str(recipe.resolve())
