@@ -229,7 +229,7 @@ def write_results(res: dict, out: Path) -> None:
     md = [f"Streaming benchmark: target `{res['target']}` (1 KiB of bf16 hidden states per token),"
           f" random sequences of 64-512 tokens and states, one epoch, train.dtype "
           f"{res['train_dtype']}, train.pad_multiple {pad}, one torch thread, {h['cpu_model']} "
-          f"({h['cpu_count']} shared cores). Each measurement in a fresh process: peak RSS = its "
+          f"({', '.join(h['cpu_flags'])}; {h['cpu_count']} shared cores). Each measurement in a fresh process: peak RSS = its "
           "VmHWM, split into the peaks of its anonymous (heap) and file-backed pages; worker PSS "
           "= the peak PSS of the DataLoader worker (anon / file); PSS total = process plus worker,"
           " shared pages counted once.",
@@ -279,7 +279,8 @@ def write_results(res: dict, out: Path) -> None:
     ax1.plot(x, [s["stream"]["peak_pss_mib"] for s in res["sizes"]], "o-",
              label="data stream, PSS incl. worker")
     ax1.set_xticks(list(x), labels)
-    ax1.set_ylabel("peak RSS (MiB)")
+    ax1.set_ylim(bottom=0)
+    ax1.set_ylabel("peak RSS / PSS (MiB)")
     ax1.legend()
     ax2.bar(labels, [s["train"]["tokens_per_s"] for s in res["sizes"]], color="#55a868")
     ax2.set_ylabel("train tokens / s (1 epoch)")

@@ -5,7 +5,9 @@ Offline, sequences come from harvest shards as memory-mapped safetensors slices
 (`HarvestSet.gather`: each shard opened per batch and closed after), through a
 `torch.utils.data` Dataset whose item i is batch i of the epoch's plan, and a DataLoader with
 `train.num_workers` worker processes prefetching the batches this rank takes next. Nothing holds
-the harvest in memory, so peak RSS does not grow with it (scripts/bench_stream.py). Online, the
+the harvest in memory, so peak RSS does not grow with it (scripts/bench_stream.py); batch T is
+rounded up to `train.pad_multiple` (one length bucket per batch), so the number of batch shapes,
+which bf16 CPU kernels cache memory for, stays bounded too. Online, the
 prepared token ids are small and stay in memory; the target computes aux/last in the main
 process when a batch is built (no workers: the target lives there).
 
