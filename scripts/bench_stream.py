@@ -10,9 +10,12 @@ each in a fresh process:
 - `stream`: the data path alone: one epoch of train batches (train/data.py) read through a
   DataLoader worker and dropped, no model;
 - `train`: one epoch of `draftkit train` (EAGLE-3 head, streamed through a DataLoader worker).
-Peak RSS is the process's VmHWM; peak PSS is the largest sum, sampled every 50 ms, of the
-proportional set sizes of the process and its DataLoader workers (shared pages counted once). Train tokens/s = harvest
-tokens / the loop's time (loop.py's train_s_this_call: model and data setup not counted).
+Peak RSS is the process's VmHWM, and the peaks (sampled every 50 ms) of its anonymous and
+file-backed parts; the DataLoader worker's peak PSS is split the same way; PSS total is the
+largest sum of the proportional set sizes of the process and its workers (shared pages counted
+once). Batch shapes = distinct [B, T] of the epoch's plan, with train.pad_multiple and without.
+Train tokens/s = harvest tokens / the loop's time (loop.py's train_s_this_call: model and data
+setup not counted).
 Writes results/bench_stream.{json,md,png}.
 
     python scripts/bench_stream.py --mid                 # ~10 min on 2 busy CPU cores
@@ -48,21 +51,38 @@ def _kib(path: str, key: str) -> int:
     return next((int(line.split()[1]) for line in text.splitlines() if line.startswith(key)), 0)
 
 
-class PssSampler(threading.Thread):
-    """Peak of PSS(this process) + PSS(its children), sampled until stopped."""
+class MemSampler(threading.Thread):
+    """Peaks, sampled until stopped, of this process's resident memory split into anonymous
+    (heap: tensors, caches) and file-backed pages (libraries, mapped shards), of the PSS of its
+    DataLoader workers (split the same way) and of PSS(this process) + PSS(workers)."""
 
     def __init__(self, every: float = 0.05):
         super().__init__(daemon=True)
-        self.every, self.peak_kib, self.done = every, 0, threading.Event()
+        self.every, self.done, self.peak_kib = every, threading.Event(), {}
+
+    def _peak(self, key: str, kib: int) -> None:
+        self.peak_kib[key] = max(self.peak_kib.get(key, 0), kib)
 
     def run(self) -> None:
         pid = os.getpid()
         while not self.done.is_set():
             kids = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
                     for c in _read(t / "children").split()]
-            total = sum(_kib(f"/proc/{p}/smaps_rollup", "Pss:") for p in [pid, *kids])
-            self.peak_kib = max(self.peak_kib, total)
+            for key in ("RssAnon:", "RssFile:"):
+                self._peak(key, _kib("/proc/self/status", key))
+            for key in ("Pss_Anon:", "Pss_File:", "Pss_Shmem:", "Pss:"):
+                self._peak("worker_" + key, sum(_kib(f"/proc/{p}/smaps_rollup", key)
+                                                for p in kids))
+            self._peak("total_Pss:", sum(_kib(f"/proc/{p}/smaps_rollup", "Pss:")
+                                         for p in [pid, *kids]))
             self.done.wait(self.every)
+
+    def mib(self) -> dict:
+        names = {"RssAnon:": "peak_rss_anon_mib", "RssFile:": "peak_rss_file_mib",
+                 "worker_Pss:": "worker_peak_pss_mib", "worker_Pss_Anon:": "worker_peak_pss_anon_mib",
+                 "worker_Pss_File:": "worker_peak_pss_file_mib",
+                 "worker_Pss_Shmem:": "worker_peak_pss_shmem_mib", "total_Pss:": "peak_pss_mib"}
+        return {name: self.peak_kib.get(key, 0) / 1024 for key, name in names.items()}
 
 
 def _read(path: Path) -> str:
@@ -117,7 +137,7 @@ def child(mode: str, run: Path) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    sampler = PssSampler()
+    sampler = MemSampler()
     sampler.start()
     t0 = time.perf_counter()
     if mode == "materialise":
@@ -135,8 +155,11 @@ def child(mode: str, run: Path) -> dict:
 
         cfg = config.load(run, OVERRIDES)
         source = HarvestSource([open_harvest(artifacts.RunPaths(run).harvest)])
-        plan = epoch_plan(source.lengths(), cfg.train.batch_tokens, cfg.train.seed, 0)
-        batches = PlannedBatches(plan, BatchBuilder(source, torch.float32), cfg.train.num_workers)
+        plan = epoch_plan(source.lengths(), cfg.train.batch_tokens, cfg.train.seed, 0,
+                          cfg.train.pad_multiple)
+        batches = PlannedBatches(plan, BatchBuilder(source, torch.float32,
+                                                    pad_multiple=cfg.train.pad_multiple),
+                                 cfg.train.num_workers)
         tokens = sum(int(b["attention_mask"].sum()) for b in batches.stream(range(len(plan))))
     else:
         from draftkit.core import artifacts
@@ -152,14 +175,29 @@ def child(mode: str, run: Path) -> dict:
     sampler.join()
     return {"mode": mode, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
             **({"steps": steps} if mode == "train" else {}),
-            "peak_rss_mib": _kib("/proc/self/status", "VmHWM:") / 1024,
-            "peak_pss_mib": sampler.peak_kib / 1024}
+            "peak_rss_mib": _kib("/proc/self/status", "VmHWM:") / 1024, **sampler.mib()}
 
 
 def measure(run: Path, mode: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", mode, str(run)], check=True,
                          capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def batch_shapes(run: Path) -> dict:
+    """Distinct [B, T] micro-batch shapes of a training epoch: with the run's
+    train.pad_multiple, and with 1 (T = the longest sequence, as before buckets)."""
+    from draftkit.core import artifacts, batching, config
+    from draftkit.harvest.shards import open_harvest
+
+    cfg = config.load(run, OVERRIDES)
+    lengths = open_harvest(artifacts.RunPaths(run).harvest).lengths()
+    out = {}
+    for m in (cfg.train.pad_multiple, 1):
+        plan = batching.plan_batches(lengths, cfg.train.batch_tokens, pad_multiple=m)
+        out[f"pad_{m}"] = len({(len(b), batching.padded_length(max(lengths[i] for i in b), m))
+                               for b in plan})
+    return out
 
 
 def one_size(root: Path, tokens: int, seed: int) -> dict:
@@ -172,6 +210,7 @@ def one_size(root: Path, tokens: int, seed: int) -> dict:
     files = sum(f.stat().st_size for f in artifacts.RunPaths(run).harvest.glob("shard-*"))
     return {"tokens": man["total_tokens"], "sequences": man["total_sequences"],
             "shards": len(man["shards"]), "harvest_mib": files / 2**20,
+            "batch_shapes": batch_shapes(run),
             **{mode: measure(run, mode) for mode in ("materialise", "stream", "train")}}
 
 
@@ -186,21 +225,33 @@ def write_results(res: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     artifacts.write_json_atomic(out / "bench_stream.json", res)
     h = res["hardware"]
+    pad = res["pad_multiple"]
     md = [f"Streaming benchmark: target `{res['target']}` (1 KiB of bf16 hidden states per token),"
           f" random sequences of 64-512 tokens and states, one epoch, train.dtype "
-          f"{res['train_dtype']}, one torch thread, {h['cpu_model']} "
-          f"({h['cpu_count']} shared cores). Each measurement in a fresh process: peak RSS = its "
-          "VmHWM; peak PSS = the process plus its DataLoader worker, shared pages counted once.",
+          f"{res['train_dtype']}, train.pad_multiple {pad}, one torch thread, {h['cpu_model']} "
+          f"({', '.join(h['cpu_flags'])}; {h['cpu_count']} shared cores). Each measurement in a fresh process: peak RSS = its "
+          "VmHWM, split into the peaks of its anonymous (heap) and file-backed pages; worker PSS "
+          "= the peak PSS of the DataLoader worker (anon / file); PSS total = process plus worker,"
+          " shared pages counted once.",
           "", "| harvest | shard files | materialised (old: list(sequences()), read once): "
-          "peak RSS | data stream, 1 epoch: peak RSS / PSS incl. worker | data tokens/s | "
-          "train 1 epoch, streamed: peak RSS / PSS incl. worker | train tokens/s |",
-          "|---|---|---|---|---|---|---|"]
+          "peak RSS | data stream: peak RSS / PSS total | data stream: worker PSS (anon / file) "
+          "| data tokens/s | train: batch shapes (T rounded to "
+          f"{pad} / not) | train: peak RSS (anon + file) | train: PSS total | train: worker PSS "
+          "(anon / file) | train tokens/s |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def worker(m: dict) -> str:
+        return (f"{m['worker_peak_pss_mib']:.0f} ({m['worker_peak_pss_anon_mib']:.0f} / "
+                f"{m['worker_peak_pss_file_mib']:.0f}) MiB")
+
     for s in res["sizes"]:
         m, d, t = s["materialise"], s["stream"], s["train"]
         md.append(f"| {s['tokens']:,} tokens, {s['shards']} shards | {s['harvest_mib']:.0f} MiB | "
                   f"{m['peak_rss_mib']:.0f} MiB | {d['peak_rss_mib']:.0f} / "
-                  f"{d['peak_pss_mib']:.0f} MiB | {d['tokens_per_s']:,.0f} | "
-                  f"{t['peak_rss_mib']:.0f} / {t['peak_pss_mib']:.0f} MiB | "
+                  f"{d['peak_pss_mib']:.0f} MiB | {worker(d)} | {d['tokens_per_s']:,.0f} | "
+                  f"{s['batch_shapes'][f'pad_{pad}']} / {s['batch_shapes']['pad_1']} | "
+                  f"{t['peak_rss_mib']:.0f} ({t['peak_rss_anon_mib']:.0f} + "
+                  f"{t['peak_rss_file_mib']:.0f}) MiB | {t['peak_pss_mib']:.0f} MiB | {worker(t)} | "
                   f"{t['tokens_per_s']:,.0f} |")
     a, b = res["sizes"][0], res["sizes"][-1]
 
@@ -209,9 +260,12 @@ def write_results(res: dict, out: Path) -> None:
 
     md += ["", f"Harvest x{b['tokens'] / a['tokens']:.1f}: materialised peak RSS "
            f"{grew('materialise', 'peak_rss_mib')}; data stream peak RSS "
-           f"{grew('stream', 'peak_rss_mib')} (PSS with the worker {grew('stream', 'peak_pss_mib')});"
-           f" training peak RSS {grew('train', 'peak_rss_mib')} (PSS "
-           f"{grew('train', 'peak_pss_mib')}).", ""]
+           f"{grew('stream', 'peak_rss_mib')} (worker PSS {grew('stream', 'worker_peak_pss_mib')},"
+           f" of it file-backed {grew('stream', 'worker_peak_pss_file_mib')}); training peak RSS "
+           f"{grew('train', 'peak_rss_mib')} (anon {grew('train', 'peak_rss_anon_mib')}, file "
+           f"{grew('train', 'peak_rss_file_mib')}; worker PSS "
+           f"{grew('train', 'worker_peak_pss_mib')}; PSS total {grew('train', 'peak_pss_mib')}).",
+           ""]
     artifacts.write_text_atomic(out / "bench_stream.md", "\n".join(md))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     labels = [f"{s['tokens'] / 1000:.0f}k tok" for s in res["sizes"]]
@@ -220,10 +274,13 @@ def write_results(res: dict, out: Path) -> None:
              label="materialised (old)")
     ax1.plot(x, [s["train"]["peak_rss_mib"] for s in res["sizes"]], "o-",
              label="streamed training")
+    ax1.plot(x, [s["train"]["peak_rss_anon_mib"] for s in res["sizes"]], "o--",
+             label="streamed training, anon")
     ax1.plot(x, [s["stream"]["peak_pss_mib"] for s in res["sizes"]], "o-",
              label="data stream, PSS incl. worker")
     ax1.set_xticks(list(x), labels)
-    ax1.set_ylabel("peak RSS (MiB)")
+    ax1.set_ylim(bottom=0)
+    ax1.set_ylabel("peak RSS / PSS (MiB)")
     ax1.legend()
     ax2.bar(labels, [s["train"]["tokens_per_s"] for s in res["sizes"]], color="#55a868")
     ax2.set_ylabel("train tokens / s (1 epoch)")
@@ -244,14 +301,14 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child[0], Path(args.child[1]))))
         return
-    from draftkit.core import hardware
+    from draftkit.core import config, hardware
 
     with tempfile.TemporaryDirectory() as tmp:
         counts = [args.tokens, *([int(args.tokens * args.scale / 2.5)] if args.mid else []),
                   args.tokens * args.scale]
         sizes = [one_size(Path(tmp), n, seed) for seed, n in enumerate(counts)]
     res = {"target": TARGET, "hardware": hardware.summary(), "overrides": OVERRIDES,
-           "train_dtype": hardware.resolve("auto"),
+           "train_dtype": hardware.resolve("auto"), "pad_multiple": config.TrainConfig().pad_multiple,
            "sizes": sizes}
     write_results(res, args.out)
     print((args.out / "bench_stream.md").read_text())

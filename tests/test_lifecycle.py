@@ -133,7 +133,7 @@ def test_extra_runs_add_their_harvest_to_the_train_data(run):
     lengths = open_harvest(artifacts.RunPaths(run).harvest).lengths()
     cfg = config.load(both)
     assert len(lengths) > 0 and json.loads((out / "meta.json").read_text())["steps"] == len(
-        epoch_plan(lengths * 2, cfg.train.batch_tokens, cfg.train.seed, 0))
+        epoch_plan(lengths * 2, cfg.train.batch_tokens, cfg.train.seed, 0, cfg.train.pad_multiple))
     # the benchmark's data budget counts the extra run's data too
     bench = _bench_script()
     single = json.loads((artifacts.RunPaths(run).data / "stats.json").read_text())["train"]

@@ -5,6 +5,7 @@ no shard mapped; an epoch smaller than grad_accum x processes stops with a clear
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,9 +77,12 @@ def test_streamed_batches_equal_the_in_memory_ones(tmp_path):
     resumed = list(PlannedBatches(plan, build, workers=1).stream(range(3, len(plan), 2)))
     for j, got in zip(range(3, len(plan), 2), resumed, strict=True):  # rank 1 of 2 from micro 2
         assert torch.equal(got["aux"], streamed[j]["aux"])
-    fresh = shards.open_harvest(tmp_path / "a")
-    fresh.gather(list(range(len(fresh))))
-    assert not fresh._handles  # no shard stays open (mapped) after a read
+    fresh = fake_harvest(tmp_path / "c", LENGTHS, 2)  # no other reader maps its shards
+    held = fresh.gather(list(range(len(fresh))))  # sequences of every shard, still referenced
+    assert len(held) == len(LENGTHS) and not fresh._handles  # no shard stays open after a read
+    maps = Path("/proc/self/maps")
+    if maps.is_file():  # nor mapped: slices are copied out, not views of a shard's mapping
+        assert str(tmp_path / "c") not in maps.read_text()
 
 
 class Probe(torch.nn.Module):
@@ -134,3 +138,61 @@ def test_an_epoch_smaller_than_one_step_stops_with_a_clear_error(tmp_path, one_t
     loop.check_epoch(4, grad_accum=2, processes=2)
     _, res = _fit(tmp_path / "ok", source, steps=2, grad_accum=1, batch_tokens=64)  # 1 x 1: trains
     assert res.state.step == 2 and res.state.epoch == 2
+
+
+def test_length_buckets_bound_the_batch_shapes():
+    rng = torch.Generator().manual_seed(0)
+    shapes = {}
+    for n in (200, 2000):  # a harvest and one 10x larger
+        lengths = torch.randint(64, 513, (n,), generator=rng).tolist()
+        for m in (64, 1):
+            plan = batching.plan_batches(lengths, 4096, pad_multiple=m)
+            assert sorted(i for b in plan for i in b) == list(range(n))
+            ts = [batching.padded_length(max(lengths[i] for i in b), m) for b in plan]
+            assert all(len(b) * t <= 4096 for b, t in zip(plan, ts, strict=True))
+            if m > 1:  # one bucket per batch
+                assert all(batching.padded_length(lengths[i], m) == t
+                           for b, t in zip(plan, ts, strict=True) for i in b)
+            shapes[n, m] = len({(len(b), t) for b, t in zip(plan, ts, strict=True)})
+    buckets = 512 // 64  # padded lengths 128..512 (and 64 itself)
+    assert shapes[200, 64] <= shapes[2000, 64] <= 2 * buckets + 2  # full batches + a remainder
+    assert shapes[2000, 1] > 4 * shapes[2000, 64]  # without buckets: ~one shape per batch
+    x, mask = batching.pad_right([torch.tensor([1, 2, 3]), torch.tensor([4])], pad_multiple=4)
+    assert x.tolist() == [[1, 2, 3, 0], [4, 0, 0, 0]] and mask.sum(1).tolist() == [3, 1]
+    rows = batching.pad_rows(torch.ones(5, 2), 4)
+    assert rows.shape == (8, 2) and rows[5:].abs().sum() == 0
+    assert batching.pad_rows(torch.ones(8, 2), 4).shape == (8, 2)
+    with pytest.raises(DraftkitError, match="train.pad_multiple=0"):
+        BatchBuilder(None, torch.float32, pad_multiple=0)
+
+
+def _loss_and_grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    loss, metrics = model(batch)
+    loss.backward()
+    return loss.detach(), metrics, {n: p.grad.clone() for n, p in model.named_parameters()
+                                    if p.grad is not None}
+
+
+@pytest.mark.parametrize("row_multiple", [1, 64])
+def test_padding_to_a_multiple_leaves_loss_and_grads_unchanged(monkeypatch, row_multiple):
+    """A batch padded to its longest sequence and the same batch padded to a multiple of 64 (and
+    masked rows picked in row counts rounded up, or not) train the same: padding is masked."""
+    from _eagle3_helpers import make_batch, make_model, make_spec
+
+    from draftkit.drafts.eagle3 import model as eagle3_model
+
+    spec = make_spec()
+    model = make_model(spec).train()
+    tight = make_batch(spec, [13, 7, 20], t=20)  # [B, 20]
+    wide = {k: torch.cat([v, v.new_zeros(v.shape[0], 44, *v.shape[2:])], dim=1)  # [B, 64]
+            for k, v in tight.items()}
+    loss_a, metrics_a, grads_a = _loss_and_grads(model, tight)
+    monkeypatch.setattr(eagle3_model, "ROW_MULTIPLE", row_multiple)
+    loss_b, metrics_b, grads_b = _loss_and_grads(model, wide)
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-6, atol=1e-7)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 5
+    for name, g in grads_a.items():
+        torch.testing.assert_close(grads_b[name], g, rtol=1e-5, atol=1e-7, msg=name)
+    assert {k: metrics_a[k] for k in metrics_a if k.startswith(("n_", "correct_"))} == {
+        k: metrics_b[k] for k in metrics_b if k.startswith(("n_", "correct_"))}

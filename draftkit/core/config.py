@@ -129,6 +129,10 @@ class TrainConfig:
     # still follows epochs / max_steps. Resumes count the seconds already spent.
     max_cpu_seconds: float = 0.0
     batch_tokens: int = 8192  # tokens per micro-batch (sequences packed by length)
+    # a micro-batch's T is rounded up to a multiple of this, one length bucket per batch, so
+    # an epoch has <= 2 batch shapes per bucket and bf16 CPU training's per-shape kernel
+    # caches stop growing with the harvest (masks keep the padding out of the loss); 1 = off
+    pad_multiple: int = 64
     grad_accum: int = 1
     num_workers: int = 1  # offline: DataLoader processes reading shards ahead (0 = in-process)
     lr: float = 3e-4

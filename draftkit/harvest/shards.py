@@ -281,7 +281,8 @@ class HarvestSet:
 
     def gather(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         """Sequences `indices` (any order), each shard opened once and closed after: memory-mapped
-        slices are copied out, so nothing of the harvest stays mapped (flat RSS at any size)."""
+        slices are copied out (a slice is a view that keeps its whole shard mapped), so one shard
+        at a time is mapped, however many shards a batch draws from (flat RSS at any size)."""
         by_shard: dict[int, list[int]] = {}
         for pos, i in enumerate(indices):
             by_shard.setdefault(self._index[i][0], []).append(pos)
@@ -291,7 +292,7 @@ class HarvestSet:
             with self._open(shard) as f:
                 for pos in positions:
                     _, start, end = self._index[indices[pos]]
-                    out[pos] = {name: f.get_slice(name)[start:end]
+                    out[pos] = {name: f.get_slice(name)[start:end].clone()
                                 for name in ("aux", "last", "input_ids", "loss_mask")}
         return out
 

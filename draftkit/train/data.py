@@ -5,7 +5,9 @@ Offline, sequences come from harvest shards as memory-mapped safetensors slices
 (`HarvestSet.gather`: each shard opened per batch and closed after), through a
 `torch.utils.data` Dataset whose item i is batch i of the epoch's plan, and a DataLoader with
 `train.num_workers` worker processes prefetching the batches this rank takes next. Nothing holds
-the harvest in memory, so peak RSS does not grow with it (scripts/bench_stream.py). Online, the
+the harvest in memory, so peak RSS does not grow with it (scripts/bench_stream.py); batch T is
+rounded up to `train.pad_multiple` (one length bucket per batch), so the number of batch shapes,
+which bf16 CPU kernels cache memory for, stays bounded too. Online, the
 prepared token ids are small and stay in memory; the target computes aux/last in the main
 process when a batch is built (no workers: the target lives there).
 
@@ -28,10 +30,12 @@ from draftkit.train.loop import trim_heap
 Seq = dict[str, torch.Tensor]  # one sequence: aux [T,A*H], last [T,H], input_ids [T], loss_mask [T]
 
 
-def epoch_plan(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
-    """The epoch's batches: length-grouped (B * T_max <= batch_tokens), order shuffled by
-    (seed, epoch)."""
-    return batching.shuffled(batching.plan_batches(lengths, batch_tokens), seed, epoch)
+def epoch_plan(lengths: list[int], batch_tokens: int, seed: int, epoch: int,
+               pad_multiple: int = 1) -> list[list[int]]:
+    """The epoch's batches: length-grouped (B * T <= batch_tokens, T = the longest length
+    rounded up to pad_multiple, one bucket per batch), order shuffled by (seed, epoch)."""
+    return batching.shuffled(batching.plan_batches(lengths, batch_tokens,
+                                                   pad_multiple=pad_multiple), seed, epoch)
 
 
 class HarvestSource:
@@ -76,15 +80,20 @@ class BatchBuilder:
     """Sequence indices -> one padded batch; float tensors in `dtype`. With `capture` (online)
     the target computes aux [B, T, A*H] and last [B, T, H] for the batch. `loss_on="all"`
     (train.loss_on) sets loss_mask to every real token, prompt included: the model then learns
-    every position whose next tokens have harvested target states (eagle3/model.py forward)."""
+    every position whose next tokens have harvested target states (eagle3/model.py forward).
+    T is rounded up to `pad_multiple` (train.pad_multiple): the padding is masked out."""
 
-    def __init__(self, source, dtype: torch.dtype, capture=None, loss_on: str = "assistant"):
+    def __init__(self, source, dtype: torch.dtype, capture=None, loss_on: str = "assistant",
+                 pad_multiple: int = 1):
         if loss_on not in LOSS_ON:
             raise DraftkitError(f"train.loss_on={loss_on!r}; choose one of {', '.join(LOSS_ON)}")
+        if pad_multiple < 1:
+            raise DraftkitError(f"train.pad_multiple={pad_multiple}; use 1 (no rounding) or more")
         self.source, self.dtype, self.capture, self.loss_on = source, dtype, capture, loss_on
+        self.pad_multiple = pad_multiple
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        batch = batching.collate(self.source.gather(indices), self.dtype)
+        batch = batching.collate(self.source.gather(indices), self.dtype, self.pad_multiple)
         if self.loss_on == "all":
             batch["loss_mask"] = batch["attention_mask"].clone()  # [B, T]
         if self.capture is not None:

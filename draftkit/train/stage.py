@@ -9,7 +9,7 @@ target in the loop, through the generic loop in loop.py.
 
 The draft vocabulary comes from prepare's token counts (top-`draft_vocab_size` assistant
 tokens). Batches pack length-sorted sequences into padded [B, T] tensors of at most
-`train.batch_tokens` tokens; the batch order is a pure function of (seed, epoch), which is what
+`train.batch_tokens` tokens, T rounded up to `train.pad_multiple`; the batch order is a pure function of (seed, epoch), which is what
 makes resume exact. Offline, batches stream from the harvest shards through DataLoader workers
 (data.py): the harvest is never held in memory. Best checkpoint = highest simulated AL on the held-out split.
 `train.init_from` warm-starts from a trained head (its weights and draft vocab);
@@ -158,7 +158,8 @@ def make_evaluator(build: BatchBuilder, batch_tokens: int):
     """Eval over the whole held-out split, batches in length order (no shuffle)."""
     from draftkit.drafts.eagle3.losses import aggregate
 
-    batches = PlannedBatches(plan_batches(build.source.lengths(), batch_tokens), build)
+    batches = PlannedBatches(plan_batches(build.source.lengths(), batch_tokens,
+                                          pad_multiple=build.pad_multiple), build)
 
     def evaluate(model) -> dict:
         return aggregate([model(batch)[1] for batch in batches.stream(range(len(batches)))])
@@ -193,15 +194,17 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         del target  # offline: the target's features are on disk
         train_src = HarvestSource([_open_harvest(cfg, r, "train") for r in data_runs])
         eval_src = HarvestSource([_open_harvest(cfg, run.paths, "eval")])
-    build = BatchBuilder(train_src, dtype, capture, cfg.train.loss_on)  # eval: assistant only
+    pad = cfg.train.pad_multiple
+    build = BatchBuilder(train_src, dtype, capture, cfg.train.loss_on, pad)  # eval: assistant only
     lengths = train_src.lengths()
     out = run.paths.train
 
     def batches(epoch: int) -> PlannedBatches:
-        plan = epoch_plan(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch)
+        plan = epoch_plan(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch, pad)
         return PlannedBatches(plan, build, cfg.train.num_workers)
 
-    evaluate = make_evaluator(BatchBuilder(eval_src, dtype, capture), cfg.train.batch_tokens)
+    evaluate = make_evaluator(BatchBuilder(eval_src, dtype, capture, pad_multiple=pad),
+                              cfg.train.batch_tokens)
     loop.fit(model, batches, evaluate, cfg.train, out, cfg.tracking, run_name=cfg.name,
              config_dict=cfg.to_dict(), stop_after=stop_after)
     return out

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftkit.core import artifacts
+from draftkit.core.batching import pad_rows
 from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
@@ -50,6 +51,9 @@ from draftkit.drafts.eagle3.vocab import DraftVocab
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 _TRAIN_DEFAULTS = TrainConfig()
+# matmuls over the positions a mask picks run on row counts rounded up to this: on CPU each new
+# shape of a bf16 matmul costs ~10-25 MiB of oneDNN caches (scripts/bench_stream.py)
+ROW_MULTIPLE = 64
 
 
 class Eagle3Draft(nn.Module):
@@ -224,8 +228,9 @@ class Eagle3Draft(nn.Module):
                                                       device=last.device))  # [Vd]
         logits_d, ids = [], []
         for piece in last[where].split(chunk):  # [n, H]
-            normed = rms_norm(piece.to(head.dtype), self.verifier_norm, self.spec.rms_norm_eps)
-            logits = F.linear(normed, head)  # [n, V] (eval) or [n, Vd] (train)
+            normed = rms_norm(pad_rows(piece, ROW_MULTIPLE).to(head.dtype), self.verifier_norm,
+                              self.spec.rms_norm_eps)  # [n', H], zero rows appended
+            logits = F.linear(normed, head)[: piece.shape[0]]  # [n, V] (eval) or [n, Vd] (train)
             if draft_only:
                 ids.append(to_target[logits.argmax(-1)])
                 logits_d.append(logits)
@@ -287,7 +292,8 @@ class Eagle3Draft(nn.Module):
             # index t predicts x_{t+2+j} (counts if it exists and is an assistant token);
             # the verifier's distribution for it comes from last[t+1+j]
             step_valid = valid & _shift(learn, 2 + j)  # [B, T]
-            picked = self.lm_head(post[step_valid])  # [N, Vd]: only the positions that count
+            rows = post[step_valid]  # [N, H]: only the positions that count
+            picked = self.lm_head(pad_rows(rows, ROW_MULTIPLE))[: rows.shape[0]]  # [N, Vd]
             logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)  # [B,T,Vd]
             logits = logits.index_put((step_valid,), picked)
             kl_sum, c, correct = losses.step_terms(
