@@ -55,8 +55,8 @@ def measure(cfg, exports: dict[str, Path], prompts, ks, temps, batches) -> list[
     rows = []
     grid = [("none", None)] + [(m, k) for k in ks for m in METHODS]
     for method, k in tqdm(grid, desc="vLLM engines", unit="engine"):
-        spec = ev.spec_config(method, k, exports.get(method))
-        with ev.started(ev.engine_spec(cfg, spec, cfg.eval.dtype, prompts)) as llm:
+        spec = vllm_engine.speculative_config(method, k, exports.get(method))
+        with ev.started(vllm_engine.run_engine_spec(cfg, spec, prompts)) as llm:
             vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
             for temp in temps:
                 params = vllm_engine.sampling(temp, cfg.eval.max_new_tokens,
@@ -120,7 +120,7 @@ def main() -> int:
     from draftkit import api
     from draftkit.core import hardware
     from draftkit.core.artifacts import RunPaths
-    from draftkit.eval.stage import load_prompts
+    from draftkit.prepare.dataset import load_prompts
 
     src, run = Path(args.source), Path(args.dir) / args.name
     need = [src / "harvest" / "manifest.json", src / "export" / "config.json",
@@ -144,7 +144,7 @@ def main() -> int:
         getattr(api, stage)(run, overrides=["export.check=false"] if stage == "export" else [])
         timings[stage] = round(time.perf_counter() - t0, 1)
     exports = {"eagle3": RunPaths(src).export, "draft_model": RunPaths(run).export}
-    prompts = load_prompts(RunPaths(run), args.prompts)
+    prompts = load_prompts(RunPaths(run).data, args.prompts)
     t0 = time.perf_counter()
     rows = measure(cfg, exports, prompts, [int(k) for k in args.k.split(",")],
                    [float(t) for t in args.temperature.split(",")],
