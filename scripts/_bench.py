@@ -9,6 +9,7 @@ path (tests/test_lifecycle.py).
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -39,6 +40,17 @@ def link_run(src: Path, run: Path, edit: Callable | None = None) -> None:
     artifacts.write_text_atomic(run / config.CONFIG_NAME, config.dump(cfg))
     for stage in ("data", "harvest"):
         link_tree(src / stage, run / stage)
+
+
+def add_grid_args(p: argparse.ArgumentParser) -> None:
+    """The vLLM grid of a bench (--k, --temperature, --batch: comma lists), its prompts and
+    new tokens, and the results dir (--out)."""
+    p.add_argument("--k", default="1,2,3,4,5")
+    p.add_argument("--temperature", default="0,1")
+    p.add_argument("--batch", default="1,8")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", default="results")
 
 
 def fmt(x, spec: str = ".2f") -> str:

@@ -108,12 +108,7 @@ def main() -> int:
     p.add_argument("--cpu-budget", default="same",
                    help="training CPU-seconds of the draft LM: 'same' = the EAGLE-3 run's "
                         "(train.max_cpu_seconds), a number, or 0 = epochs only")
-    p.add_argument("--k", default="1,2,3,4,5")
-    p.add_argument("--temperature", default="0,1")
-    p.add_argument("--batch", default="1,8")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--out", default="results")
+    _bench.add_grid_args(p)
     p.add_argument("overrides", nargs="*", help="extra key=value overrides of the draft-lm run")
     args = p.parse_args()
 

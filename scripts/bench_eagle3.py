@@ -31,12 +31,7 @@ def main() -> int:
     p.add_argument("--name", default="bench-eagle3")
     p.add_argument("--dir", default="runs")
     p.add_argument("--epochs", type=int, default=12)
-    p.add_argument("--k", default="1,2,3,4,5")
-    p.add_argument("--temperature", default="0,1")
-    p.add_argument("--batch", default="1,8")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--out", default="results")
+    _bench.add_grid_args(p)
     p.add_argument("overrides", nargs="*", help="extra key=value run-config overrides")
     args = p.parse_args()
 
