@@ -22,6 +22,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 
 from draftkit.core import artifacts, config
@@ -230,3 +231,18 @@ def fit(model, batch: dict, steps: int, n_eval: int) -> dict:
     with torch.no_grad():
         _, metrics = model({k: v[:n_eval] for k, v in batch.items()})
     return metrics
+
+
+def assert_al_matches_replay(measured: dict, replays: list[tuple[int, list[int]]]) -> None:
+    """vLLM's counters of one greedy batch (`vllm_engine.measure`) agree with replays of the
+    draft's greedy chains, one (drafts, accepted per position) per prompt."""
+    spec = measured["spec"]
+    assert spec is not None and spec["drafts"] > 0 and spec["accepted"] > 0
+    drafts = sum(d for d, _ in replays)
+    per_pos = [sum(col) for col in zip(*(p for _, p in replays), strict=True)]
+    ours_al = 1 + sum(per_pos) / drafts
+    print(f"vLLM AL {spec['acceptance_length']:.3f} ({spec['drafts']} drafts, "
+          f"{spec['accepted_per_pos']}) vs replay {ours_al:.3f} ({drafts} drafts, {per_pos})")
+    assert ours_al > 1.5  # the trained draft is accepted often: a real comparison
+    assert abs(spec["drafts"] - drafts) <= len(replays)  # at most one tail step per prompt
+    assert spec["acceptance_length"] == pytest.approx(ours_al, abs=0.1)
