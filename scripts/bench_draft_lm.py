@@ -45,31 +45,13 @@ def make_run(src: Path, run: Path, layers: int, overrides: list[str]):
     return config.load(run)
 
 
-def measure(cfg, exports: dict[str, Path], prompts, ks, temps, batches) -> list[dict]:
-    """One engine per (method, k), reused over temperatures and batch sizes (as eval does)."""
-    from tqdm import tqdm
+def measure(cfg, exports: dict[str, Path], prompts) -> list[dict]:
+    """One engine per (method, k) of eval.k_values, reused over eval.temperatures and
+    eval.batch_sizes (eval's own loop, draftkit.eval.stage.measure_grid)."""
+    from draftkit.eval.stage import measure_grid
 
-    from draftkit.eval import stage as ev
-    from draftkit.serving import vllm_engine
-
-    rows = []
-    grid = [("none", None)] + [(m, k) for k in ks for m in METHODS]
-    for method, k in tqdm(grid, desc="vLLM engines", unit="engine"):
-        spec = vllm_engine.speculative_config(method, k, exports.get(method))
-        with ev.started(vllm_engine.run_engine_spec(cfg, spec, prompts)) as llm:
-            vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
-            for temp in temps:
-                params = vllm_engine.sampling(temp, cfg.eval.max_new_tokens,
-                                              seed=cfg.eval.seed if temp > 0 else None)
-                for b in batches:
-                    m = vllm_engine.measure(llm, prompts, params, batch_size=b)
-                    m.pop("outputs")
-                    rows.append(ev.row(method, k, temp, m))
-    base = {(r["temperature"], r["batch_size"]): r["tokens_per_s"] for r in rows
-            if r["method"] == "none"}
-    for r in rows:
-        r["speedup"] = r["tokens_per_s"] / base[(r["temperature"], r["batch_size"])]
-    return rows
+    grid = [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in METHODS]
+    return measure_grid(cfg, grid, exports, prompts)[0]
 
 
 def draft_size(export_dir: Path) -> dict:
@@ -141,9 +123,7 @@ def main() -> int:
     exports = {"eagle3": RunPaths(src).export, "draft_model": RunPaths(run).export}
     prompts = load_prompts(RunPaths(run).data, args.prompts)
     t0 = time.perf_counter()
-    rows = measure(cfg, exports, prompts, [int(k) for k in args.k.split(",")],
-                   [float(t) for t in args.temperature.split(",")],
-                   [int(b) for b in args.batch.split(",")])
+    rows = measure(cfg, exports, prompts)  # the grid of --k, --temperature, --batch
     timings["measure"] = round(time.perf_counter() - t0, 1)
     bench = {"source": str(src), "run": str(run), "cpu": hardware.detect().cpu_model,
              "timings_s": timings,
