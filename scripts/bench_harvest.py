@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,9 @@ from draftkit.core.init import init_run
 from draftkit.prepare import mathgen
 from draftkit.serving import vllm_engine
 from draftkit.target.load import load_target, target_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
+import _bench  # noqa: E402
 
 hv = importlib.import_module("draftkit.harvest.stage")
 
@@ -112,13 +116,6 @@ def bare_forward(model, run: Path) -> dict:
 
 
 def write_results(res: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    artifacts.write_json_atomic(out / "bench_harvest.json", res)
     h, b, g = res["harvest"], res["bare_forward"], res["regeneration"]
     rows = [
         (f"vLLM regeneration (batch {g['batch_size']}, T=0, {g['dtype']})", g["tokens_per_s"], ""),
@@ -140,7 +137,13 @@ def write_results(res: dict, out: Path) -> None:
     md += ["", f"Bytes per harvested token: {h['bytes_per_token']:,} (hidden states, "
            f"{len(res['aux_layer_ids'])} aux + last, bf16); {h['file_bytes_per_token']:,.0f} "
            "in shard files (+ input_ids, loss_mask, header).", ""]
-    artifacts.write_text_atomic(out / "bench_harvest.md", "\n".join(md))
+    _bench.write_report(out, "bench_harvest", res, "\n".join(md),
+                        lambda path: _plot(res, rows, path))
+
+
+def _plot(res: dict, rows: list[tuple], path: Path) -> None:
+    """The tokens/s table as horizontal bars."""
+    plt = _bench.pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.4))
     bars = ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1],
                    color=["#8c8c8c", "#4c72b0", "#55a868", "#dd8452"][::-1])
@@ -148,9 +151,9 @@ def write_results(res: dict, out: Path) -> None:
     ax.margins(x=0.12)
     ax.set_xlabel("tokens / s")
     ax.set_title(f"{res['target']}, 2 shared CPU cores; harvest stores "
-                 f"{h['bytes_per_token']} B/token")
+                 f"{res['harvest']['bytes_per_token']} B/token")
     fig.tight_layout()
-    fig.savefig(out / "bench_harvest.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 

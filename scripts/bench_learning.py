@@ -25,11 +25,12 @@ Writes results/bench_learning.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
+import _bench  # noqa: E402
 
 SETTINGS = {
     "baseline": [],
@@ -38,16 +39,6 @@ SETTINGS = {
     "init-layer+loss-all": ["draft.init_layer_from=-3", "train.loss_on=all"],
 }
 SPLITS = ("unseen-templates", "seen-templates")
-
-
-def _link_tree(src: Path, dst: Path) -> None:
-    """Hard-link (or copy) a finished stage dir into a bench run: the source stays untouched."""
-    if dst.exists():
-        return
-    try:
-        shutil.copytree(src, dst, copy_function=os.link)
-    except OSError:
-        shutil.copytree(src, dst)
 
 
 def main() -> int:
@@ -65,7 +56,7 @@ def main() -> int:
     args = p.parse_args()
 
     from draftkit import api
-    from draftkit.core import artifacts, config, hardware
+    from draftkit.core import config, hardware
 
     src = Path(args.source)
     for need in ("harvest/manifest.json", "harvest/eval/manifest.json", "data/meta.json"):
@@ -84,7 +75,7 @@ def main() -> int:
     for name in names:
         run = Path(args.dir) / f"{args.prefix}-{name}"
         overrides = [*base, *SETTINGS[name]]
-        _make_run(src, run)
+        _bench.link_run(src, run)
         t0 = time.perf_counter()
         if not (run / "train" / "meta.json").is_file():
             api.train(run, overrides=overrides)
@@ -101,24 +92,11 @@ def main() -> int:
              "settings": runs, "splits": {s: len(v) for s, v in prompts.items()},
              "vllm": {"k": 3, "temperature": 0.0, "batch_size": cfg.eval.batch_sizes[0],
                       "max_new_tokens": cfg.eval.max_new_tokens, "rows": rows}}
-    out = Path(args.out)
-    artifacts.write_json_atomic(out / "bench_learning.json", bench)
     md = markdown(bench)
-    artifacts.write_text_atomic(out / "bench_learning.md", md)
-    plot(bench, out / "bench_learning.png")
+    _bench.write_report(Path(args.out), "bench_learning", bench, md,
+                        lambda path: plot(bench, path))
     print(md)
     return 0
-
-
-def _make_run(src: Path, run: Path) -> None:
-    from draftkit.core import artifacts, config
-
-    run.mkdir(parents=True, exist_ok=True)
-    cfg = config.load(src)
-    cfg.name = run.name
-    artifacts.write_text_atomic(run / config.CONFIG_NAME, config.dump(cfg))
-    for stage in ("data", "harvest"):
-        _link_tree(src / stage, run / stage)
 
 
 def _curve(run: Path) -> dict:
@@ -202,9 +180,10 @@ def markdown(bench: dict) -> str:
     for name, s in bench["settings"].items():
         lines.append(f"| {name} | {s['steps']} | {s['cpu_s']:.0f} | {s['per_step_cpu_s']:.2f} | "
                      f"{s['best_sim_al']:.3f} ({s['best_step']}) | "
-                     f"{_f(al.get((name, SPLITS[0])))} | {_f(al.get((name, SPLITS[1])))} |")
-    lines.append(f"| vLLM n-gram | – | – | – | – | {_f(al.get(('ngram', SPLITS[0])))} | "
-                 f"{_f(al.get(('ngram', SPLITS[1])))} |")
+                     f"{_bench.fmt(al.get((name, SPLITS[0])))} | "
+                     f"{_bench.fmt(al.get((name, SPLITS[1])))} |")
+    lines.append(f"| vLLM n-gram | – | – | – | – | {_bench.fmt(al.get(('ngram', SPLITS[0])))} | "
+                 f"{_bench.fmt(al.get(('ngram', SPLITS[1])))} |")
     lines += ["", "Simulated AL (k=3) during training:", ""]
     for name, s in bench["settings"].items():
         pts = ", ".join(f"{c['cpu_s']:.0f}s: {c['sim_al']:.3f}" for c in s["curve"])
@@ -212,16 +191,8 @@ def markdown(bench: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _f(x) -> str:
-    return "–" if x is None else f"{x:.2f}"
-
-
 def plot(bench: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _bench.pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     rows = bench["vllm"]["rows"]
     for i, (name, s) in enumerate(bench["settings"].items()):

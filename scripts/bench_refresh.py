@@ -20,7 +20,11 @@ Settings are `BenchConfig` fields as key=value.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
+import _bench  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,10 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     result = bench.run(cfg, out)
     result["meta"] = artifacts.make_meta("bench_refresh", None)
-    artifacts.write_json_atomic(out / "bench_refresh.json", result)
     md = bench.markdown(result)
-    artifacts.write_text_atomic(out / "bench_refresh.md", md)
-    bench.plot(result, out / "bench_refresh.png")
+    _bench.write_report(out, "bench_refresh", result, md, lambda path: bench.plot(result, path))
     print(md)
 
 

@@ -35,6 +35,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
+import _bench  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 TARGET = "tiny-llama"
 OVERRIDES = ["draft.draft_vocab_size=256", "harvest.shard_tokens=16384", "harvest.batch_tokens=4096",
@@ -215,15 +218,6 @@ def one_size(root: Path, tokens: int, seed: int) -> dict:
 
 
 def write_results(res: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from draftkit.core import artifacts
-
-    out.mkdir(parents=True, exist_ok=True)
-    artifacts.write_json_atomic(out / "bench_stream.json", res)
     h = res["hardware"]
     pad = res["pad_multiple"]
     md = [f"Streaming benchmark: target `{res['target']}` (1 KiB of bf16 hidden states per token),"
@@ -266,7 +260,11 @@ def write_results(res: dict, out: Path) -> None:
            f"{grew('train', 'peak_rss_file_mib')}; worker PSS "
            f"{grew('train', 'worker_peak_pss_mib')}; PSS total {grew('train', 'peak_pss_mib')}).",
            ""]
-    artifacts.write_text_atomic(out / "bench_stream.md", "\n".join(md))
+    _bench.write_report(out, "bench_stream", res, "\n".join(md), lambda path: _plot(res, path))
+
+
+def _plot(res: dict, path: Path) -> None:
+    plt = _bench.pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     labels = [f"{s['tokens'] / 1000:.0f}k tok" for s in res["sizes"]]
     x = range(len(labels))
@@ -284,9 +282,9 @@ def write_results(res: dict, out: Path) -> None:
     ax1.legend()
     ax2.bar(labels, [s["train"]["tokens_per_s"] for s in res["sizes"]], color="#55a868")
     ax2.set_ylabel("train tokens / s (1 epoch)")
-    fig.suptitle(f"{res['target']} harvest, {h['cpu_model']}")
+    fig.suptitle(f"{res['target']} harvest, {res['hardware']['cpu_model']}")
     fig.tight_layout()
-    fig.savefig(out / "bench_stream.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 

@@ -8,15 +8,21 @@ random and trained EAGLE-3 heads saved where train and export put them.
 
 `train_draft` fits a head for a few seconds on the tiny target's own greedy continuations of
 the prompts, so it is accepted often (vLLM AL ~2.2 at k=3) and acceptance tests are not the
-trivial AL = 1.0 of a random head.
+trivial AL = 1.0 of a random head; `greedy_batch` and `fit` do the same for any draft kind.
+`copy_run` copies a finished run's stages, `train_history` reads its trainer history,
+`one_thread` runs toy-sized torch work on 1 thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 
 from draftkit.core import artifacts, config
@@ -29,13 +35,14 @@ WORDS = ("the a has buys sells gives each more than total how many apples books 
          "cookies students hours step so answer is of and in per day week left after").split()
 
 
-def make_run(root: Path, tokenizer=None, *, target: str = "tiny-llama", name: str = "run",
-             overrides: list[str] | None = None, n_train: int = 24, n_eval: int = 6,
-             seed: int = 0, hi: int = 40, prompts: list[list[int]] | None = None) -> Path:
-    """A run dir with small harvest shards/batches. With a tokenizer: train and eval splits of
-    random conversations (`n_train`, `n_eval`, up to `hi` words); with `prompts`: only an eval
-    split of those prompts (what eval and the export check read)."""
-    run = init_run(target, "math", name=name, runs_dir=root, overrides=[
+def make_run(root: Path, tokenizer=None, *, target: str = "tiny-llama", kind: str = "eagle3",
+             name: str = "run", overrides: list[str] | None = None, n_train: int = 24,
+             n_eval: int = 6, seed: int = 0, hi: int = 40,
+             prompts: list[list[int]] | None = None) -> Path:
+    """A run dir (draft `kind`) with small harvest shards/batches. With a tokenizer: train and
+    eval splits of random conversations (`n_train`, `n_eval`, up to `hi` words); with
+    `prompts`: only an eval split of those prompts (what eval and the export check read)."""
+    run = init_run(target, "math", kind, name=name, runs_dir=root, overrides=[
         "harvest.shard_tokens=256", "harvest.batch_tokens=128", *(overrides or [])])
     if prompts is not None:
         write_prompts(run, prompts)
@@ -43,6 +50,33 @@ def make_run(root: Path, tokenizer=None, *, target: str = "tiny-llama", name: st
         write_split(run, "train", tokenizer, conversations(n_train, seed, hi=hi), "s")
         write_split(run, "eval", tokenizer, conversations(n_eval, seed + 1, hi=hi), "s")
     return run
+
+
+def copy_run(run: Path, name: str, subs: tuple[str, ...] = ("data", "harvest")) -> Path:
+    """A sibling run dir `name` with copies of `run`'s config and stage dirs `subs`."""
+    other = run.parent / name
+    for sub in subs:
+        shutil.copytree(run / sub, other / sub)
+    shutil.copy(run / "draftkit.yaml", other / "draftkit.yaml")
+    return other
+
+
+def train_history(train_dir: Path) -> list[dict]:
+    """The per-step history the trainer stored with its last checkpoint."""
+    ckpt = sorted((train_dir / "checkpoints").glob("step-*"))[-1]
+    return torch.load(ckpt / "trainer.pt", weights_only=False)["history"]
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread inside the block: tiny models and toy tensors are
+    overhead-bound, and OpenMP threads only contend on a busy 2-core box (10x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def _text(rng: random.Random, lo: int, hi: int) -> str:
@@ -181,7 +215,13 @@ def train_draft(run: Path, target, prompts: list[list[int]], new_tokens: int = 4
                              must_include=end_of_turn_ids(target.tokenizer))
     torch.manual_seed(0)
     model = Eagle3Draft.from_run_config(cfg, vocab, target_model=target.model)
-    opt = torch.optim.Adam(model.trainable_parameters(), lr=3e-3)
+    return model, fit(model, batch, steps, len(prompts))
+
+
+def fit(model, batch: dict, steps: int, n_eval: int) -> dict:
+    """Full-batch Adam (lr 3e-3) of `model`'s trainable parameters on `batch` for `steps`;
+    leaves the model in eval mode and returns its metrics on the first `n_eval` rows."""
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     for _ in range(steps):
         loss, _ = model(batch)
         opt.zero_grad()
@@ -189,5 +229,20 @@ def train_draft(run: Path, target, prompts: list[list[int]], new_tokens: int = 4
         opt.step()
     model.eval()
     with torch.no_grad():
-        _, metrics = model({k: v[:len(prompts)] for k, v in batch.items()})
-    return model, metrics
+        _, metrics = model({k: v[:n_eval] for k, v in batch.items()})
+    return metrics
+
+
+def assert_al_matches_replay(measured: dict, replays: list[tuple[int, list[int]]]) -> None:
+    """vLLM's counters of one greedy batch (`vllm_engine.measure`) agree with replays of the
+    draft's greedy chains, one (drafts, accepted per position) per prompt."""
+    spec = measured["spec"]
+    assert spec is not None and spec["drafts"] > 0 and spec["accepted"] > 0
+    drafts = sum(d for d, _ in replays)
+    per_pos = [sum(col) for col in zip(*(p for _, p in replays), strict=True)]
+    ours_al = 1 + sum(per_pos) / drafts
+    print(f"vLLM AL {spec['acceptance_length']:.3f} ({spec['drafts']} drafts, "
+          f"{spec['accepted_per_pos']}) vs replay {ours_al:.3f} ({drafts} drafts, {per_pos})")
+    assert ours_al > 1.5  # the trained draft is accepted often: a real comparison
+    assert abs(spec["drafts"] - drafts) <= len(replays)  # at most one tail step per prompt
+    assert spec["acceptance_length"] == pytest.approx(ours_al, abs=0.1)

@@ -20,12 +20,10 @@ os.environ.setdefault("DRAFTKIT_CPU_BF16", "0")
 def one_thread():
     """Tiny models and toy tensors are overhead-bound: intra-op threads only add contention
     (10x slower on a busy 2-core box)."""
-    import torch
+    import _runs
 
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with _runs.one_thread():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -48,16 +46,11 @@ def smollm2_target():
 def trained_draft(tmp_path_factory, tiny_target):
     """An EAGLE-3 head fitted to tiny-llama's greedy continuations of 8 chat prompts (the
     prompts come along: eval splits of the vLLM tests use them). See tests/_runs.py."""
-    import torch
-    from _runs import DRAFT, chat_prompts, make_run, train_draft
+    from _runs import DRAFT, chat_prompts, make_run, one_thread, train_draft
 
     prompts = chat_prompts(tiny_target.tokenizer, 8)
     run = make_run(tmp_path_factory.mktemp("trained"), prompts=prompts,
                    overrides=[*DRAFT, "train.ttt_steps=3"])
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # see one_thread
-    try:
+    with one_thread():
         model, metrics = train_draft(run, tiny_target, prompts, new_tokens=40)
-    finally:
-        torch.set_num_threads(n)
     return {"model": model, "metrics": metrics, "prompts": prompts, "new_tokens": 40}

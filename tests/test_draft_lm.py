@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from _runs import copy_run, one_thread, train_history
 from safetensors.torch import load_file
 
 from draftkit import api
@@ -239,39 +240,22 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("dlm")
-    run = api.init("tiny-llama", "math", kind="draft-lm", name="dlm", runs_dir=root,
-                   overrides=OVERRIDES)
-    api.prepare(run)
-    api.harvest(run)
-    yield run
-    torch.set_num_threads(threads)
-
-
-def _copy_run(run, name, subs=("data", "harvest")):
-    import shutil
-
-    other = run.parent / name
-    for sub in subs:
-        shutil.copytree(run / sub, other / sub)
-    shutil.copy(run / "draftkit.yaml", other / "draftkit.yaml")
-    return other
-
-
-def _history(train_dir):
-    ckpt = sorted((train_dir / "checkpoints").glob("step-*"))[-1]
-    return torch.load(ckpt / "trainer.pt", weights_only=False)["history"]
+    with one_thread():
+        root = tmp_path_factory.mktemp("dlm")
+        run = api.init("tiny-llama", "math", kind="draft-lm", name="dlm", runs_dir=root,
+                       overrides=OVERRIDES)
+        api.prepare(run)
+        api.harvest(run)
+        yield run
 
 
 def test_offline_and_online_distillation_agree(lm_run):
     out = api.train(lm_run)
-    offline = _history(out)
+    offline = train_history(out)
     best = json.loads((out / "best" / "meta.json").read_text())
     assert "sim_al" in best["eval"] and (out / "best" / "config.json").is_file()
-    online_run = _copy_run(lm_run, "dlm-online", subs=("data",))
-    online = _history(api.train(online_run, overrides=["train.mode=online"]))
+    online_run = copy_run(lm_run, "dlm-online", subs=("data",))
+    online = train_history(api.train(online_run, overrides=["train.mode=online"]))
     assert len(online) == len(offline) == 6
     torch.testing.assert_close(torch.tensor([h["loss"] for h in online]),
                                torch.tensor([h["loss"] for h in offline]), rtol=1e-5, atol=1e-6)
@@ -282,7 +266,7 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(lm_run):
     full = artifacts.RunPaths(lm_run).train
     if not (full / "meta.json").is_file():
         api.train(lm_run)
-    other = _copy_run(lm_run, "dlm-resume")
+    other = copy_run(lm_run, "dlm-resume")
     api.train(other, stop_after=3)  # "crash" after step 3; the last checkpoint is step 2
     assert not (artifacts.RunPaths(other).train / "meta.json").exists()
     resumed = api.train(other)
@@ -291,14 +275,14 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(lm_run):
     assert set(a) == set(b) and any("layers.1." in k for k in a)
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    assert [h["loss"] for h in _history(full)] == [h["loss"] for h in _history(resumed)]
+    assert [h["loss"] for h in train_history(full)] == [h["loss"] for h in train_history(resumed)]
 
 
 def test_warm_start_from_a_trained_draft_lm(lm_run):
     src = artifacts.RunPaths(lm_run).train / "best"
     if not src.is_dir():
         api.train(lm_run)
-    other = _copy_run(lm_run, "dlm-warm")
+    other = copy_run(lm_run, "dlm-warm")
     from draftkit.core import config
     from draftkit.target.load import load_target
 

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from _runs import one_thread, save_best
 
 from draftkit.core import artifacts, config
 from draftkit.core.init import init_run
@@ -26,23 +27,18 @@ def setup(tmp_path_factory, tiny_target):
 
     from draftkit.export.stage import export
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("dlm-refresh")
-    run = init_run("tiny-llama", "math", kind="draft-lm", name="dlm-rl", runs_dir=tmp / "runs",
-                   overrides=["draft.num_layers=2", "tracking.backend=none"])
-    cfg = config.load(run)
-    best = artifacts.RunPaths(run).train / "best"
-    DraftLM.for_target(build.truncate(tiny_target.path, 2), tiny_target.model,
-                       cfg).save_pretrained(best)
-    artifacts.write_json_atomic(best / "meta.json", {"step": 0, "eval": {}})
-    export(run, ["export.check=false"])
-    try:
+    with one_thread():
+        tmp = tmp_path_factory.mktemp("dlm-refresh")
+        run = init_run("tiny-llama", "math", kind="draft-lm", name="dlm-rl",
+                       runs_dir=tmp / "runs",
+                       overrides=["draft.num_layers=2", "tracking.backend=none"])
+        cfg = config.load(run)
+        save_best(run, DraftLM.for_target(build.truncate(tiny_target.path, 2), tiny_target.model,
+                                          cfg), step=0)
+        export(run, ["export.check=false"])
         yield {"run": run, "cfg": cfg,
                "policy": save_policy(tiny_target, tmp / "ckpt" / "step_1"),
                "r1": write_rollouts(tiny_target, tmp / "rollouts" / "step_1.jsonl", 48, 0)}
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_the_target_as_its_own_draft_lm_drifts_to_full_acceptance(setup, tiny_target):
@@ -90,12 +86,8 @@ REFRESH = ["refresh.budget_steps=40", "refresh.lr=1e-3", "refresh.batch_tokens=2
 def published(setup):
     from draftkit.rl.refresh import refresh
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return refresh(setup["run"], setup["policy"], [setup["r1"]], REFRESH)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_refresh_publishes_a_better_draft_lm_with_engine_view(setup, published):

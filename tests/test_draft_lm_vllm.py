@@ -13,50 +13,26 @@ import json
 
 import pytest
 import torch
+from _runs import (
+    assert_al_matches_replay,
+    chat_prompts,
+    fit,
+    greedy_batch,
+    make_run,
+    one_thread,
+    save_best,
+)
 
-from draftkit.core import artifacts, config
-from draftkit.core.init import init_run
+from draftkit.core import config
 from draftkit.drafts.draft_lm import build
 from draftkit.drafts.draft_lm.model import DraftLM
 from draftkit.drafts.eagle3 import losses
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
-from draftkit.target.capture import capture
 
 pytestmark = pytest.mark.vllm
 
 K, PROMPTS, GEN, LAYERS = 3, 8, 40, 2
-
-
-def _prompts(tokenizer, n: int, offset: int) -> list[list[int]]:
-    words = "apples books cookies students dollars hours".split()
-    out = []
-    for i in range(offset, offset + n):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"{words[i % 6]} {i * 7} per day, how many {words[i % 5]}?"}],
-            add_generation_prompt=True, tokenize=False)
-        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return out
-
-
-def _write_eval_split(run, prompts):
-    import datasets
-
-    rows = {"id": [str(i) for i in range(len(prompts))], "messages": ["[]"] * len(prompts),
-            "prompt_ids": prompts, "input_ids": prompts,
-            "loss_mask": [[0] * len(p) for p in prompts], "length": [len(p) for p in prompts]}
-    datasets.Dataset.from_dict(rows).save_to_disk(str(artifacts.RunPaths(run).data / "eval"))
-
-
-def _batch(target, seqs, prompt_lens):
-    t = max(map(len, seqs))
-    ids = torch.zeros(len(seqs), t, dtype=torch.long)
-    attn, loss_mask = torch.zeros_like(ids), torch.zeros_like(ids)
-    for i, (s, p) in enumerate(zip(seqs, prompt_lens, strict=True)):
-        ids[i, :len(s)], attn[i, :len(s)], loss_mask[i, p:len(s)] = torch.tensor(s), 1, 1
-    n = target.model.config.num_hidden_layers
-    _, last = capture(target.model, ids, [n], attention_mask=attn)  # [B, T, H] pre-norm
-    return {"last": last, "input_ids": ids, "loss_mask": loss_mask, "attention_mask": attn}
 
 
 def _greedy(model, prompt, n, eos_id):
@@ -68,40 +44,25 @@ def _greedy(model, prompt, n, eos_id):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_target):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: OpenMP threads only contend on a busy 2-core box
-    try:
+    with one_thread():
         yield _train_and_export(tmp_path_factory, tiny_target)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train_and_export(tmp_path_factory, tiny_target):
-    run = init_run("tiny-llama", "math", kind="draft-lm", name="vllm-draft-lm",
-                   runs_dir=tmp_path_factory.mktemp("r"),
+    tok = tiny_target.tokenizer
+    eval_prompts = chat_prompts(tok, PROMPTS)
+    run = make_run(tmp_path_factory.mktemp("r"), kind="draft-lm", name="vllm-draft-lm",
+                   prompts=eval_prompts,
                    overrides=[f"draft.num_layers={LAYERS}", "eval.dtype=float32",
                               f"eval.max_new_tokens={GEN}", f"export.check_prompts={PROMPTS}"])
     cfg = config.load(run)
-    tok = tiny_target.tokenizer
-    eval_prompts = _prompts(tok, PROMPTS, 0)
-    _write_eval_split(run, eval_prompts)
-    prompts = eval_prompts + _prompts(tok, 8, 100)
-    seqs = [p + _greedy(tiny_target.model, p, GEN, tok.eos_token_id) for p in prompts]
-    batch = _batch(tiny_target, seqs, [len(p) for p in prompts])
+    # the draft LM learns from the target's last state (layer id N) only
+    batch = greedy_batch(tiny_target, eval_prompts + chat_prompts(tok, 8, offset=100), GEN,
+                         [tiny_target.model.config.num_hidden_layers])
     torch.manual_seed(0)
     model = DraftLM.for_target(build.truncate(tiny_target.path, LAYERS), tiny_target.model, cfg)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
-    for _ in range(60):
-        loss, _ = model(batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    with torch.no_grad():
-        _, metrics = model({k: v[:PROMPTS] for k, v in batch.items()})  # the eval prompts
-    best = artifacts.RunPaths(run).train / "best"
-    model.save_pretrained(best)
-    artifacts.write_json_atomic(best / "meta.json", {"eval": metrics, "step": 60})
+    metrics = fit(model, batch, 60, PROMPTS)  # metrics on the eval prompts
+    save_best(run, model, metrics, step=60)
     out = export.export(run, ["export.check=false"])
     return {"run": run, "cfg": cfg, "lm": model.lm, "out": out, "prompts": eval_prompts,
             "metrics": metrics}
@@ -168,19 +129,9 @@ def replay(lm, prompt, generated, k):
 
 
 def test_vllm_acceptance_matches_a_replay_of_the_draft(greedy_run, trained):
-    spec = greedy_run["spec"]
-    assert spec is not None and spec["drafts"] > 0 and spec["accepted"] > 0
-    drafts, per_pos = 0, [0] * K
-    for prompt, gen in zip(trained["prompts"], greedy_run["outputs"], strict=True):
-        d, p = replay(trained["lm"], prompt, gen, K)
-        drafts += d
-        per_pos = [a + b for a, b in zip(per_pos, p, strict=True)]
-    ours_al = 1 + sum(per_pos) / drafts
-    print(f"vLLM AL {spec['acceptance_length']:.3f} ({spec['drafts']} drafts, "
-          f"{spec['accepted_per_pos']}) vs replay {ours_al:.3f} ({drafts} drafts, {per_pos})")
-    assert ours_al > 1.5  # the distilled draft is accepted often: a real comparison
-    assert abs(spec["drafts"] - drafts) <= PROMPTS  # at most one tail step per prompt
-    assert spec["acceptance_length"] == pytest.approx(ours_al, abs=0.1)
+    assert_al_matches_replay(greedy_run, [
+        replay(trained["lm"], prompt, gen, K)
+        for prompt, gen in zip(trained["prompts"], greedy_run["outputs"], strict=True)])
 
 
 def test_parity_check_on_the_running_engine(llm, trained):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _runs import conversations, make_run, write_split
+from _runs import conversations, make_run, one_thread, write_split
 
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
@@ -30,10 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 def _one_thread():
     """Tiny-model matmuls on 2 OpenMP threads crawl on a shared, busy CPU; results are the
     same with any thread count (the 2-process test compares 1 vs 2 threads per process)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with one_thread():
+        yield
 
 
 def rows(run: Path, split: str = "train"):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _runs import copy_run, one_thread, train_history
 from safetensors.torch import load_file, save_file
 
 from draftkit import api
@@ -29,33 +30,22 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("life")
-    run = api.init("tiny-llama", "math", name="life", runs_dir=root, overrides=OVERRIDES)
-    api.prepare(run)
-    api.harvest(run)
-    yield run
-    torch.set_num_threads(threads)
-
-
-def _history(train_dir):
-    ckpt = sorted((train_dir / "checkpoints").glob("step-*"))[-1]
-    return torch.load(ckpt / "trainer.pt", weights_only=False)["history"]
+    with one_thread():
+        root = tmp_path_factory.mktemp("life")
+        run = api.init("tiny-llama", "math", name="life", runs_dir=root, overrides=OVERRIDES)
+        api.prepare(run)
+        api.harvest(run)
+        yield run
 
 
 def test_offline_and_online_training_see_identical_batches(run):
     out = api.train(run)
-    offline = _history(out)
+    offline = train_history(out)
     assert (out / "best" / "meta.json").is_file()
     assert json.loads((out / "meta.json").read_text())["steps"] == 8
-    online_run = run.parent / "life-online"
-    import shutil
-
-    shutil.copytree(run / "data", online_run / "data")
-    shutil.copy(run / "draftkit.yaml", online_run / "draftkit.yaml")
+    online_run = copy_run(run, "life-online", subs=("data",))
     api.train(online_run, overrides=["train.mode=online"])
-    online = _history(artifacts.RunPaths(online_run).train)
+    online = train_history(artifacts.RunPaths(online_run).train)
     # the same batches and weights; online capture runs padded batches through the target,
     # which moves fp32 hidden states in the last bits only (harvest stores unpadded forwards)
     assert len(online) == len(offline) == 8
@@ -69,16 +59,6 @@ def _trained(run):
     if not best.exists():
         api.train(run)
     return best
-
-
-def _copy_run(run, name):
-    import shutil
-
-    other = run.parent / name
-    for sub in ("data", "harvest"):
-        shutil.copytree(run / sub, other / sub)
-    shutil.copy(run / "draftkit.yaml", other / "draftkit.yaml")
-    return other
 
 
 def _bench_script():
@@ -98,7 +78,7 @@ def test_warm_start_resumes_from_the_head_and_its_vocab(run):
     best = _trained(run)
     head = _eval_metrics(best.parent)
     frozen = ["train.lr=0", "train.max_steps=1", "train.eval_every=1", "train.save_every=1"]
-    warm, cold = _copy_run(run, "life-warm"), _copy_run(run, "life-cold")
+    warm, cold = copy_run(run, "life-warm"), copy_run(run, "life-cold")
     # reversed counts: a vocab rebuilt from them would break the head's lm_head rows
     freqs = artifacts.RunPaths(warm).data / "token_freqs.safetensors"
     save_file({"counts": load_file(str(freqs))["counts"].flip(0).contiguous()}, str(freqs))
@@ -125,9 +105,9 @@ def test_warm_start_refuses_a_head_of_other_draft_settings(run):
 
 
 def test_extra_runs_add_their_harvest_to_the_train_data(run):
-    other = _copy_run(run, "life-extra")
+    other = copy_run(run, "life-extra")
     one = ["train.max_steps=0", "train.epochs=1", "train.eval_every=1000", "train.save_every=1000"]
-    both = _copy_run(run, "life-both")
+    both = copy_run(run, "life-both")
     out = api.train(both, overrides=[*one, f"train.extra_runs=[{other}]"])
     # one epoch = the batch plan over both runs' sequences (each length now twice)
     lengths = open_harvest(artifacts.RunPaths(run).harvest).lengths()

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from _rl_helpers import make_run, save_policy, write_rollouts
+from _runs import one_thread
 
 from draftkit.core.errors import DraftkitError
 from draftkit.rl import finetune
@@ -22,17 +23,13 @@ SECOND = [*FAST, "refresh.replay=4", "refresh.min_gain=-1"]
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_target):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("refresh")
-    try:
+    with one_thread():
         yield {"run": make_run(tmp / "runs", tiny_target),
                "policy": save_policy(tiny_target, tmp / "ckpt" / "step_1"),
                "r1": write_rollouts(tiny_target, tmp / "rollouts" / "step_1.jsonl", 16, 0),
                "r2": write_rollouts(tiny_target, tmp / "rollouts" / "step_2.jsonl", 16, 16,
                                     step=2)}
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_publish_lineage_once_then_crash_before_current_then_resume(setup, monkeypatch):

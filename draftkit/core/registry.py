@@ -97,6 +97,32 @@ def _qwen3(size, layers, hidden, heads, kv, inter, tie, params_b, **kw) -> Targe
     )
 
 
+
+def _llama3(name, layers, hidden, heads, head_dim, inter, tie, params_b, **kw) -> TargetInfo:
+    """A Llama 3.x Instruct model (8 KV heads, 128k vocabulary and context, Llama 3.1 RoPE
+    scaling unless `rope_scaling` is given)."""
+    return TargetInfo(
+        name=name,
+        hub_id=f"meta-llama/{name}",
+        family="llama",
+        architecture="LlamaForCausalLM",
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=8,
+        head_dim=head_dim,
+        intermediate_size=inter,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        rope_scaling=kw.pop("rope_scaling", _LLAMA31_ROPE),
+        params_b=params_b,
+        **kw,
+    )
+
+
 _TARGETS: list[TargetInfo] = [
     TargetInfo(
         name="smollm2-135m",
@@ -166,67 +192,12 @@ _TARGETS: list[TargetInfo] = [
     _qwen3("32B", 64, 5120, 64, 8, 25600, False, 32.8),
     _qwen3("30B-A3B", 48, 2048, 32, 4, 6144, False, 30.5, architecture="Qwen3MoeForCausalLM"),
     _qwen3("235B-A22B", 94, 4096, 64, 4, 12288, False, 235.0, architecture="Qwen3MoeForCausalLM"),
-    TargetInfo(
-        name="Llama-3.1-8B-Instruct",
-        hub_id="meta-llama/Llama-3.1-8B-Instruct",
-        family="llama",
-        architecture="LlamaForCausalLM",
-        num_hidden_layers=32,
-        hidden_size=4096,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=14336,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        rope_scaling=_LLAMA31_ROPE,
-        params_b=8.0,
-        draft_lm="Llama-3.2-1B-Instruct",
-        aliases=("Llama-3.1-8B",),
-    ),
-    TargetInfo(
-        name="Llama-3.1-70B-Instruct",
-        hub_id="meta-llama/Llama-3.1-70B-Instruct",
-        family="llama",
-        architecture="LlamaForCausalLM",
-        num_hidden_layers=80,
-        hidden_size=8192,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=28672,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        rope_scaling=_LLAMA31_ROPE,
-        params_b=70.6,
-        draft_lm="Llama-3.2-1B-Instruct",
-        aliases=("Llama-3.1-70B",),
-    ),
-    TargetInfo(
-        name="Llama-3.2-1B-Instruct",
-        hub_id="meta-llama/Llama-3.2-1B-Instruct",
-        family="llama",
-        architecture="LlamaForCausalLM",
-        num_hidden_layers=16,
-        hidden_size=2048,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        intermediate_size=8192,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        rope_scaling={**_LLAMA31_ROPE, "factor": 32.0},
-        params_b=1.24,
-    ),
+    _llama3("Llama-3.1-8B-Instruct", 32, 4096, 32, 128, 14336, False, 8.0,
+            draft_lm="Llama-3.2-1B-Instruct", aliases=("Llama-3.1-8B",)),
+    _llama3("Llama-3.1-70B-Instruct", 80, 8192, 64, 128, 28672, False, 70.6,
+            draft_lm="Llama-3.2-1B-Instruct", aliases=("Llama-3.1-70B",)),
+    _llama3("Llama-3.2-1B-Instruct", 16, 2048, 32, 64, 8192, True, 1.24,
+            rope_scaling={**_LLAMA31_ROPE, "factor": 32.0}),
 ]
 
 

@@ -171,18 +171,20 @@ def methods(cfg) -> list[tuple[str, int | None]]:
     return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in ("ngram", kind)]
 
 
-def measure_vllm(cfg, export_dir: Path | None, prompts,
-                 grid: list[tuple[str, int | None, Path | None]] | None = None,
-                 ) -> tuple[list[dict], dict]:
-    """One row per (method, k, T, batch); the generated ids per row key for the lossless check.
-    `grid` (method, k, draft dir) defaults to methods(cfg) with the run's export; benchmarks
-    pass several drafts (scripts/bench_draft_lm.py). One engine per grid entry, reused over
-    temperatures and batch sizes."""
+def measure_vllm(cfg, export_dir: Path, prompts) -> tuple[list[dict], dict]:
+    """One row per (method, k, T, batch); the generated ids per row key for the lossless check."""
+    grid = methods(cfg)
+    return measure_grid(cfg, grid, {method: export_dir for method, _ in grid}, prompts)
+
+
+def measure_grid(cfg, grid: list[tuple[str, int | None]], exports: dict[str, Path],
+                 prompts) -> tuple[list[dict], dict]:
+    """measure_vllm over any (method, k) grid, method serving `exports[method]` (none: no
+    speculation; scripts/bench_draft_lm.py puts two draft kinds side by side)."""
     e = cfg.eval
     rows, outputs = [], {}
-    grid = grid or [(m, k, export_dir) for m, k in methods(cfg)]
-    for method, k, draft_dir in tqdm(grid, desc="vLLM engines", unit="engine"):
-        spec = vllm_engine.speculative_config(method, k, draft_dir)
+    for method, k in tqdm(grid, desc="vLLM engines", unit="engine"):
+        spec = vllm_engine.speculative_config(method, k, exports.get(method))
         with started(vllm_engine.run_engine_spec(cfg, spec, prompts)) as llm:
             vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
             for temp in e.temperatures:

@@ -69,12 +69,7 @@ def export(run) -> Path:
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
     print(f"exported {out}\n  vllm serve {target_ref(cfg)} --speculative-config "
           f"'{json.dumps(vllm_engine.draft_model_config(out, k))}'")
-    if cfg.export.check:
-        try:
-            stage.parity_check(run, out)
-        except vllm_engine.EngineStartError as e:
-            raise DraftkitError(f"{e}\nThe export itself is complete at {out}; rerun with "
-                                "--no-check to skip the vLLM parity check.") from e
+    stage.check_in_vllm(run, out)
     return out
 
 

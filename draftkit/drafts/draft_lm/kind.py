@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from draftkit.drafts.draft_lm.model import DraftLM
+from draftkit.drafts.eagle3.losses import shift
 from draftkit.rl.kinds import fuse_projections, register
 
 
@@ -49,7 +50,7 @@ class DraftLMKind:
                           attention_mask=batch["attention_mask"]).logits  # [B, T, V]
         vocab = logits.shape[-1]
         # step j at index t is the draft's prediction at t+1+j (zeros past the end)
-        steps = [_shift(logits, 1 + j) for j in range(model.k)]  # k x [B, T, V]
+        steps = [shift(logits, 1 + j) for j in range(model.k)]  # k x [B, T, V]
         return steps, torch.arange(vocab, device=logits.device)  # [V]: draft id = target id
 
     def export(self, model: DraftLM, tmp: Path, final: Path, cfg) -> None:
@@ -66,13 +67,6 @@ class DraftLMKind:
         from safetensors.torch import load_file
 
         return fuse_projections(load_file(str(Path(directory) / "model.safetensors")))
-
-
-def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
-    """x[:, t] <- x[:, t+s], zero-filled at the end: [B, T, ...] -> same."""
-    if s >= x.shape[1]:
-        return torch.zeros_like(x)
-    return torch.cat([x[:, s:], torch.zeros_like(x[:, :s])], dim=1)
 
 
 register(DraftLMKind())

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from draftkit.drafts.eagle3.losses import metrics_from_counts
+from draftkit.drafts.eagle3.losses import metrics_from_counts, shift
 
 
 def kl_full_vocab(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
@@ -51,7 +51,7 @@ def chain_counts(correct: torch.Tensor, valid: torch.Tensor, k: int,
     out: dict[str, float] = {}
     chain_ok = torch.ones_like(valid)  # drafts < j all correct, for a chain starting at t
     for j in range(k):
-        valid_j, correct_j = _shift(valid, j), _shift(correct, j)  # [B, T] at position t+j
+        valid_j, correct_j = shift(valid, j), shift(correct, j)  # [B, T] at position t+j
         cond = valid_j & chain_ok
         out.update({f"n_{j}": float(valid_j.sum()), f"correct_{j}": float(correct_j.sum()),
                     f"cond_n_{j}": float(cond.sum()), f"cond_correct_{j}": float((cond &
@@ -67,13 +67,6 @@ def metrics(correct: torch.Tensor, valid: torch.Tensor, k: int, kl_sum: float,
     out = metrics_from_counts(chain_counts(correct, valid, k, kl_sum))
     out["ce"] = ce_sum / max(1.0, out["n_0"])
     return out
-
-
-def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
-    """x[:, t] <- x[:, t+s], False-filled at the end: [B, T] -> [B, T]."""
-    if s == 0:
-        return x
-    return torch.cat([x[:, s:], torch.zeros_like(x[:, :s])], dim=1)
 
 
 # ----------------------------------------------------------------------------- fused head + loss

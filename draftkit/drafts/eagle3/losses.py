@@ -22,6 +22,16 @@ import torch.nn.functional as F
 _COUNT_KEYS = ("n", "correct", "cond_n", "cond_correct", "kl_sum")
 
 
+def shift(x: torch.Tensor, s: int) -> torch.Tensor:
+    """x[:, t] <- x[:, t+s] along dim 1, zero/False-filled at the end: [B, T, ...] -> same.
+    What position t sees of the token (state, mask) s steps ahead; both draft kinds use it."""
+    if s == 0:
+        return x
+    if s >= x.shape[1]:
+        return torch.zeros_like(x)
+    return torch.cat([x[:, s:], torch.zeros_like(x[:, :s])], dim=1)
+
+
 def kl_per_position(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """KL(softmax(target) || softmax(draft)) over the last dim: [..., Vd] x2 -> [...] (float32)."""
     log_p = F.log_softmax(target_logits.float(), dim=-1)  # [..., Vd]

@@ -262,7 +262,7 @@ class Eagle3Draft(nn.Module):
         keys, values, states = [], [], []
         for j in range(self.ttt_steps):
             cos, sin = self.rotary(positions + j, hidden.dtype)  # position t+j
-            embeds = self.embed_tokens(_shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
+            embeds = self.embed_tokens(losses.shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
             q, k, v, residual = layer.begin(embeds, hidden, cos, sin)
             keys.append(k)
             values.append(v)
@@ -280,7 +280,7 @@ class Eagle3Draft(nn.Module):
         valid = batch["attention_mask"].bool()  # [B, T]
         learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
         # the verifier is needed only at positions p whose next token x_{p+1} is learned
-        need = valid & _shift(learn, 1)  # [B, T]
+        need = valid & losses.shift(learn, 1)  # [B, T]
         tgt_logits, tgt_ids = self.verifier_targets(  # [B, T, Vd], [B, T]
             batch["last"], where=need, full_vocab=not self.training)
         states = self.ttt_states(batch["aux"], batch["input_ids"], valid)  # steps x [B, T, H]
@@ -291,13 +291,13 @@ class Eagle3Draft(nn.Module):
         for j, post in enumerate(states):
             # index t predicts x_{t+2+j} (counts if it exists and is an assistant token);
             # the verifier's distribution for it comes from last[t+1+j]
-            step_valid = valid & _shift(learn, 2 + j)  # [B, T]
+            step_valid = valid & losses.shift(learn, 2 + j)  # [B, T]
             rows = post[step_valid]  # [N, H]: only the positions that count
             picked = self.lm_head(pad_rows(rows, ROW_MULTIPLE))[: rows.shape[0]]  # [N, Vd]
             logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)  # [B,T,Vd]
             logits = logits.index_put((step_valid,), picked)
             kl_sum, c, correct = losses.step_terms(
-                logits, _shift(tgt_logits, 1 + j), _shift(tgt_ids, 1 + j), to_target,
+                logits, losses.shift(tgt_logits, 1 + j), losses.shift(tgt_ids, 1 + j), to_target,
                 step_valid, chain_ok)
             chain_ok = chain_ok & correct
             kl_sums.append(kl_sum)
@@ -330,13 +330,6 @@ class Eagle3Draft(nn.Module):
                                      save(tensors, metadata={"format": "pt"}))
         artifacts.write_json_atomic(directory / CONFIG_FILE, fmt.to_config(self.spec))
         return directory
-
-
-def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
-    """x[:, i] <- x[:, i+s] along dim 1, zero/False-filled at the end: [B, T, ...] -> same."""
-    if s >= x.shape[1]:
-        return torch.zeros_like(x)
-    return torch.cat([x[:, s:], torch.zeros_like(x[:, :s])], dim=1)
 
 
 def module_tensors(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
