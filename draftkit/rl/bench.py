@@ -22,6 +22,7 @@ the draft run itself is never modified.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -155,6 +156,8 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
     with engine(vn, None) as llm:
         rows["none"] = measure(llm, prompts, cfg)
     scratch = scratch_compute(cfg.scratch_run) if cfg.scratch_run else None
+    # the published draft's dir relative to `out`: results files carry no host paths
+    refreshed["dir"] = os.path.relpath(refreshed["dir"], out)
     result = {"config": asdict(cfg), "prompts": len(prompts), "rows": rows,
               "refresh": refreshed, "scratch": scratch, "swap": swap}
     result["goals"] = goals(result, cfg.temperatures)
