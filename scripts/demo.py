@@ -74,7 +74,8 @@ def _summary(report: dict) -> dict:
     for r in report.get("vllm", {}).get("rows", []):
         if r["k"] in (3, None) and r["temperature"] == 0.0:
             rows.setdefault(r["method"], {})[f"batch_{r['batch_size']}"] = {
-                "AL": r.get("acceptance_length"), "per_position": r.get("per_position"),
+                "AL": r.get("acceptance_length"), "tokens_per_step": r.get("tokens_per_step"),
+                "per_position": r.get("per_position"),
                 "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"]}
     return {"k": 3, "temperature": 0.0, "methods": rows,
             "report": report.get("files", {}).get("md")}

@@ -7,6 +7,7 @@ asserted. Plus config errors without vLLM."""
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -54,7 +55,7 @@ def test_bench_smoke(tmp_path, tiny_target):
     bench_refresh.main(["--out", str(tmp_path / "out"), f"draft_run={run}",
                         "policy_v0=tiny-llama", f"policy_vn={tmp_path / 'vn'}",
                         f"rollouts=[{rollouts}]", "prompts=4", "max_tokens=16", "batch_size=4",
-                        "max_model_len=512",
+                        "max_model_len=512", f"work_dir={tmp_path / 'work'}",
                         "refresh_overrides=[refresh.budget_steps=10, refresh.lr=3e-3,"
                         " refresh.min_gain=-1]"])
     result = json.loads((tmp_path / "out" / "bench_refresh.json").read_text())
@@ -63,9 +64,17 @@ def test_bench_smoke(tmp_path, tiny_target):
         assert set(row) == {"T=1", "T=0"}
         assert all(r["tokens_per_s"] > 0 and r["al"] >= 1.0 for r in row.values())
     assert result["rows"]["none"]["T=0"]["al"] == 1.0  # no speculation, no drafts
+    assert result["rows"]["none"]["T=0"]["tokens_per_step"] == 1.0
+    for name in ("stale", "refreshed"):  # EAGLE-3 drafts every step: tok/step ~ its AL
+        t0 = result["rows"][name]["T=0"]
+        assert 1.0 <= t0["tokens_per_step"] <= t0["al"] * 1.1, (name, t0)
     assert result["refresh"]["steps"] == 10 and result["refresh"]["tokens_trained"] > 0
     assert result["swap"]["load_s"] > 0 and result["swap"]["restart"] is False
     assert result["goals"]["recovers_90pct_of_scratch"]["ok"] is None  # no scratch run
     assert sorted(p.name for p in run.iterdir()) == before  # refreshed a copy, not the run
+    assert (tmp_path / "work" / "refresh-run" / "drafts").is_dir()  # the copy: not in --out
+    assert not (tmp_path / "out" / "refresh-run").exists()
+    assert result["refresh"]["dir"] == os.path.relpath(
+        tmp_path / "work" / "refresh-run" / "drafts" / "v0001")
     assert "| refreshed |" in (tmp_path / "out" / "bench_refresh.md").read_text()
     assert (tmp_path / "out" / "bench_refresh.png").stat().st_size > 1000

@@ -120,3 +120,15 @@ def test_projection_formula_and_costs(tiny_target, run):
     assert [r["batch_size"] for r in measured["rows"]] == [1, 2]
     for r in measured["rows"]:
         assert r["target_s"] > 0 and r["draft_s"] > 0 and set(r["verify_s"]) == {"1", "3"}
+
+
+def test_tokens_per_step_counts_the_steps_that_drafted_nothing():
+    from draftkit.eval.counters import SpecCounters, target_steps, tokens_per_step
+
+    # one request, six target steps: prefill (1 token), a draft with 2 accepted (3 tokens),
+    # no match (1), 2 accepted (3), no match (1), 0 accepted (1): 10 tokens
+    c = SpecCounters(drafts=3, draft_tokens=9, accepted=4, accepted_per_pos=[2, 2, 0])
+    assert c.acceptance_length == pytest.approx(1 + 4 / 3)  # vLLM's AL: drafted steps only
+    assert target_steps(10, c.accepted) == 6
+    assert tokens_per_step(10, c.accepted) == pytest.approx(10 / 6)
+    assert tokens_per_step(10, 0) == 1.0

@@ -46,7 +46,18 @@ def test_numbers_are_consistent(report):
         assert r["tokens_per_s"] > 0 and r["output_tokens"] > 0 and r["speedup"] > 0
         if r["method"] == "none":
             assert r["speedup"] == pytest.approx(1.0) and "acceptance_length" not in r
+            assert r["tokens_per_step"] == 1.0 and r["target_steps"] == r["output_tokens"]
             continue
+        # steps inferred from the tokens vs vLLM's own drafts counter: EAGLE-3 drafts at every
+        # step (equal up to per-request edges: the prefill step, an accepted run cut by
+        # max_tokens); n-gram drafts at some steps only (no fewer steps than drafts)
+        edge = r["prompts"] * r["k"]
+        if r["method"] == "eagle3":
+            assert abs(r["target_steps"] - r["drafts"]) <= edge
+        else:
+            assert r["target_steps"] + edge >= r["drafts"]
+        assert r["tokens_per_step"] == pytest.approx(
+            r["output_tokens"] / r["target_steps"]) and r["tokens_per_step"] >= 1.0
         if r["drafts"] == 0:  # n-gram found no match in these short prompts: nothing drafted
             assert r["method"] == "ngram" and math.isnan(r["acceptance_length"])
             continue

@@ -135,7 +135,11 @@ def test_scratch_run_has_v0_budget_and_exports(scratch_runs, shifted):
     assert json.loads((vn / "scratch.json").read_text())["v0"] == rep["v0"]
     from draftkit.rl.bench import scratch_compute
 
-    assert scratch_compute(str(vn))["steps"] == 3  # what bench_refresh reads
+    compute = scratch_compute(str(vn))  # what bench_refresh reads
+    assert compute["steps"] == 3 and min(compute["prepare_s"], compute["harvest_s"],
+                                         compute["train_s"]) > 0
+    assert compute["total_s"] == pytest.approx(
+        compute["prepare_s"] + compute["harvest_s"] + compute["train_s"])
 
 
 def test_scratch_refuses_another_lineage(scratch_runs, tmp_path):

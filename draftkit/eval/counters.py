@@ -1,6 +1,9 @@
 """Speculative-decoding counters in vLLM's terms (`vllm:spec_decode_*`): drafts, draft tokens,
 accepted tokens per position; AL = 1 + accepted / drafts. vLLM's metrics and the reference
-decoder both report through this one type."""
+decoder both report through this one type.
+
+vLLM's AL counts only the steps that carried a draft. n-gram drafts nothing where it finds no
+match, so its AL leaves those steps out; `tokens_per_step` counts every target forward."""
 
 from __future__ import annotations
 
@@ -50,3 +53,17 @@ class SpecCounters:
         return {"drafts": self.drafts, "draft_tokens": self.draft_tokens,
                 "accepted": self.accepted, "accepted_per_pos": self.accepted_per_pos,
                 "acceptance_length": self.acceptance_length, "per_position": self.per_position}
+
+
+def target_steps(output_tokens: int, accepted: int) -> int:
+    """Target forward steps summed over requests: each step emits one token the target chose
+    (the bonus or corrected token, or the only token where nothing was drafted) plus the draft
+    tokens it accepted, so steps = output tokens - accepted draft tokens."""
+    return output_tokens - accepted
+
+
+def tokens_per_step(output_tokens: int, accepted: int) -> float:
+    """Output tokens per target forward, over every step, drafted or not (the EAGLE papers'
+    tau): the AL that decides speed. Equals vLLM's AL for a draft that drafts every step."""
+    steps = target_steps(output_tokens, accepted)
+    return output_tokens / steps if steps > 0 else float("nan")

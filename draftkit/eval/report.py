@@ -55,15 +55,18 @@ def markdown(rep: dict) -> str:
                         f"flags {' '.join(h['cpu_flags'])})"]
     if "vllm" in rep:
         lines += ["## vLLM", "",
-                  "| method | k | T | batch | AL | acceptance per position | tok/s | speedup "
-                  "| projected |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| method | k | T | batch | AL | tok/step | acceptance per position | tok/s "
+                  "| speedup | projected |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rep["vllm"]["rows"]:
             lines.append(f"| {r['method']} | {r['k'] or '–'} | {r['temperature']:g} | "
                          f"{r['batch_size']} | {_f(r.get('acceptance_length'))} | "
+                         f"{_f(r.get('tokens_per_step'))} | "
                          f"{_pos(r.get('per_position'))} | {r['tokens_per_s']:.1f} | "
                          f"{_f(r['speedup'])}x | {_f(r.get('projected_speedup'))} |")
-        lines += ["", "AL = 1 + accepted / drafts; acceptance at position i = accepted_i / "
-                  "drafts; speedup = tok/s over no speculation at the same T and batch. "
+        lines += ["", "AL = 1 + accepted / drafts (vLLM's counter: steps that carried a "
+                  "draft); tok/step = output tokens / target forward steps, every step counted "
+                  "(n-gram's steps without a match included); acceptance at position i = "
+                  "accepted_i / drafts; speedup = tok/s over no speculation at the same T and batch. "
                   "projected = (1 + Σ a_i) · c_target / (c_verify(k) + k · c_draft), costs timed "
                   f"in torch at context {rep['costs']['context_tokens']} tokens (costs.py).", ""]
         lines += _lossless(rep["lossless_vllm"])
