@@ -217,9 +217,12 @@ def plot(bench: dict, path: Path) -> None:
                 ax.plot([s["cpu_s"]], [r["acceptance_length"]], marker, color=color, ms=11)
     for r in rows:
         if r["setting"] == "ngram" and r.get("acceptance_length"):
-            ax.axhline(r["acceptance_length"], color="gray",
-                       ls="--" if r["split"] == SPLITS[0] else ":", lw=1,
-                       label=f"vLLM n-gram, {r['split']}")
+            ls = "--" if r["split"] == SPLITS[0] else ":"
+            ax.axhline(r["acceptance_length"], color="gray", ls=ls, lw=1,
+                       label=f"vLLM n-gram AL, {r['split']}")
+            if r.get("tokens_per_step"):  # every step counted (a head's tok/step = its AL)
+                ax.axhline(r["tokens_per_step"], color="black", ls=ls, lw=1,
+                           label=f"vLLM n-gram tok/step, {r['split']}")
     ax.set(xlabel="training CPU-seconds", ylabel="acceptance length (k=3, T=0)",
            title="AL vs training compute (line: simulated; * unseen / ^ seen templates: vLLM)")
     ax.legend(fontsize=7)
