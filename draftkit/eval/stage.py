@@ -36,7 +36,7 @@ from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.eval import report
-from draftkit.eval.counters import SpecCounters, target_steps, tokens_per_step
+from draftkit.eval.counters import SpecCounters
 from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 from draftkit.serving.vllm_engine import EngineStartError
@@ -204,9 +204,6 @@ def measure_grid(cfg, grid: list[tuple[str, int | None]], exports: dict[str, Pat
 def row(method: str, k: int | None, temperature: float, m: dict) -> dict:
     spec = m.pop("spec") or {}
     out = {"method": method, "k": k, "temperature": temperature, **m}
-    accepted = spec.get("accepted", 0)
-    out["target_steps"] = target_steps(m["output_tokens"], accepted)
-    out["tokens_per_step"] = tokens_per_step(m["output_tokens"], accepted)
     if method != "none":
         k_pos = list(spec.get("accepted_per_pos") or [])[:k]
         c = SpecCounters(spec.get("drafts", 0), spec.get("draft_tokens", 0),

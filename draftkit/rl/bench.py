@@ -35,7 +35,6 @@ from pathlib import Path
 
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.errors import DraftkitError
-from draftkit.eval.counters import tokens_per_step
 
 
 @dataclass
@@ -90,8 +89,7 @@ def measure(llm, prompts: list[list[int]], cfg: BenchConfig) -> dict:
                                   batch_size=cfg.batch_size)
         spec = run["spec"] or {}
         out[f"T={t:g}"] = {"al": spec.get("acceptance_length", 1.0),
-                           "tokens_per_step": tokens_per_step(run["output_tokens"],
-                                                              spec.get("accepted", 0)),
+                           "tokens_per_step": run["tokens_per_step"],
                            "per_position": spec.get("per_position", []),
                            "tokens_per_s": run["tokens_per_s"],
                            "output_tokens": run["output_tokens"]}
@@ -210,7 +208,7 @@ def markdown(result: dict) -> str:
                                        for t in temps) + " |"
     lines = [head, "|" + "---|" * (1 + 4 * len(temps))]
     for name, row in result["rows"].items():
-        cells = [f"{row[t]['al']:.3f} | {row[t].get('tokens_per_step', float('nan')):.3f} | "
+        cells = [f"{row[t]['al']:.3f} | {row[t]['tokens_per_step']:.3f} | "
                  f"{', '.join(f'{x:.2f}' for x in row[t]['per_position'])}"
                  f" | {row[t]['tokens_per_s']:.1f}" for t in temps]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from draftkit.core import hardware
 from draftkit.core.errors import DraftkitError
-from draftkit.eval.counters import SpecCounters
+from draftkit.eval.counters import SpecCounters, target_steps, tokens_per_step
 
 
 class EngineStartError(DraftkitError):
@@ -124,12 +124,15 @@ def generate(llm, prompt_ids: list[list[int]], params, batch_size: int | None = 
 
 
 def measure(llm, prompt_ids: list[list[int]], params, batch_size: int) -> dict:
-    """Generate in batches of `batch_size`; return tokens/s and the spec counters of this run."""
+    """Generate in batches of `batch_size`; return tokens/s, target steps and tokens per step
+    (every step counted, counters.py) and the spec counters of this run."""
     before = SpecCounters.read(llm)
     gen = generate(llm, prompt_ids, params, batch_size=batch_size)
     spec = SpecCounters.read(llm).delta(before)
     return {"batch_size": batch_size, "prompts": len(prompt_ids), "output_tokens": gen.num_tokens,
             "seconds": gen.seconds, "tokens_per_s": gen.num_tokens / max(gen.seconds, 1e-9),
+            "target_steps": target_steps(gen.num_tokens, spec.accepted),
+            "tokens_per_step": tokens_per_step(gen.num_tokens, spec.accepted),
             "spec": spec.as_dict() if spec.drafts else None, "outputs": gen.token_ids}
 
 
