@@ -30,7 +30,8 @@ def report(tmp_path_factory, trained_draft):
     return evaluate(run, ["eval.engine=both", "eval.k_values=[2]", "eval.temperatures=[0]",
                           "eval.batch_sizes=[1,2]", f"eval.max_new_tokens={GEN}",
                           f"eval.num_prompts={N}", "eval.dtype=float32",
-                          f"eval.reference_prompts={N}", f"eval.results_dir={root / 'results'}"])
+                          f"eval.reference_prompts={N}", f"eval.results_dir={root / 'results'}",
+                          "eval.splits=[hand-written]"])
 
 
 def test_rows_cover_every_method_k_and_batch(report):
@@ -39,6 +40,22 @@ def test_rows_cover_every_method_k_and_batch(report):
     assert keys == {("none", None, 1), ("none", None, 2)} | {
         (m, 2, b) for m in ("ngram", "eagle3") for b in (1, 2)}
     assert all(r["temperature"] == 0.0 and r["prompts"] == N for r in rows)
+
+
+def test_other_splits_are_served_by_the_same_engines(report):
+    from draftkit.eval import report as report_mod
+    from draftkit.eval import splits
+
+    x = report["vllm"]["splits"]
+    assert x["prompts"] == {"hand-written": N}
+    assert [(r["split"], r["method"], r["batch_size"]) for r in x["rows"]] == [
+        ("hand-written", m, 2) for m in ("none", "ngram", "eagle3")]
+    assert all(r["prompts"] == N and r["output_tokens"] > 0 for r in x["rows"])
+    assert x["rows"][0]["speedup"] == pytest.approx(1.0)
+    assert x["rows"][2]["drafts"] > 0  # the head drafted on prompts it never saw
+    md = report_mod.markdown(report)
+    assert "## Other prompt splits (batch 2)" in md and "| hand-written | eagle3 | 2 |" in md
+    assert len(splits.HANDWRITTEN.read_text().splitlines()) >= N
 
 
 def test_numbers_are_consistent(report):

@@ -195,3 +195,26 @@ def test_export_is_served_by_vllm_with_matching_al(run, tiny_target):
     assert check["vllm_al"] == pytest.approx(check["sim_al"], abs=0.25)
     assert check["warning"] is None
     assert config.load(run).draft.num_speculative_tokens == 3
+
+
+def test_train_step_profile_covers_every_phase_and_counts_padding(run, tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_train_step",
+                                                  ROOT / "scripts" / "bench_train_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = config.load(run)
+    with one_thread():
+        model, build, plan = bench.setup(run, cfg)
+        prof = bench.profile(model, build, plan, cfg, warmup=1, steps=2, top=5)
+    lengths = build.source.lengths()
+    assert plan == epoch_plan(lengths, cfg.train.batch_tokens, cfg.train.seed, 0,
+                              cfg.train.pad_multiple)  # the batches `draftkit train` sees first
+    pad = bench.padding(build, plan)
+    slots = sum(len(b) * build(b)["input_ids"].shape[1] for b in plan)  # collated shapes
+    assert (pad["slots"], pad["tokens"]) == (slots, sum(lengths))
+    assert set(prof["phases_s"]) == set(bench.PHASES) and all(prof["phases_s"].values())
+    assert len(prof["ops"]) == 5 and prof["loss_tokens_per_step"] > 0
+    md = bench.markdown({"source": str(run), "target": cfg.target.name, "hardware": {},
+                         "batch_tokens": 1024, "pad_multiple": 64, "ttt_steps": 3,
+                         "draft_vocab_size": 256, "padding": pad, **prof})
+    assert f"{pad['pad_share']:.1%}" in md

@@ -69,6 +69,8 @@ def markdown(rep: dict) -> str:
                   "accepted_i / drafts; speedup = tok/s over no speculation at the same T and batch. "
                   "projected = (1 + Σ a_i) · c_target / (c_verify(k) + k · c_draft), costs timed "
                   f"in torch at context {rep['costs']['context_tokens']} tokens (costs.py).", ""]
+        if "splits" in rep["vllm"]:
+            lines += _splits(rep["vllm"]["splits"])
         lines += _lossless(rep["lossless_vllm"])
     if "reference" in rep:
         lines += ["## Reference decoder (torch)", "",
@@ -80,6 +82,23 @@ def markdown(rep: dict) -> str:
                          f"{r['output_tokens']} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _splits(x: dict) -> list[str]:
+    """The eval.splits table: each split measured by the same engines at one batch size."""
+    b = x["rows"][0]["batch_size"] if x["rows"] else "–"
+    lines = [f"## Other prompt splits (batch {b})", "",
+             "seen-templates: new problems of the training templates (what RL rollouts see); "
+             "hand-written: problems written by hand, no template (data_recipes/eval/). "
+             f"Prompts: {x['prompts']}.", "",
+             "| split | method | k | T | AL | tok/step | acceptance per position | tok/s | "
+             "speedup |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in x["rows"]:
+        lines.append(f"| {r['split']} | {r['method']} | {r['k'] or '–'} | {r['temperature']:g} "
+                     f"| {_f(r.get('acceptance_length'))} | {_f(r.get('tokens_per_step'))} | "
+                     f"{_pos(r.get('per_position'))} | {r['tokens_per_s']:.1f} | "
+                     f"{_f(r['speedup'])}x |")
+    return [*lines, ""]
 
 
 def _lossless(x: dict) -> list[str]:

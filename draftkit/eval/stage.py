@@ -35,7 +35,7 @@ from tqdm import tqdm
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
-from draftkit.eval import report
+from draftkit.eval import report, splits
 from draftkit.eval.counters import SpecCounters
 from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
@@ -65,8 +65,13 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     timings: dict[str, float] = {}
     if cfg.eval.engine in ("vllm", "both"):
         t = time.perf_counter()
-        rows, outputs = measure_vllm(cfg, export_dir, prompts)
+        extra = splits.build(paths.root, cfg, cfg.eval.num_prompts,
+                             tuple(s for s in cfg.eval.splits if s != splits.OWN))
+        rows, outputs, split_rows = measure_vllm(cfg, export_dir, prompts, extra)
         rep["vllm"] = {"rows": rows}
+        if extra:
+            rep["vllm"]["splits"] = {"prompts": {s: len(p) for s, p in extra.items()},
+                                     "rows": split_rows}
         rep["lossless_vllm"] = lossless_vllm(cfg, export_dir, prompts, outputs)
         timings["vllm_s"] = time.perf_counter() - t
     t = time.perf_counter()  # torch: step costs for the projection and/or the reference decoder
@@ -171,21 +176,26 @@ def methods(cfg) -> list[tuple[str, int | None]]:
     return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in ("ngram", kind)]
 
 
-def measure_vllm(cfg, export_dir: Path, prompts) -> tuple[list[dict], dict]:
-    """One row per (method, k, T, batch); the generated ids per row key for the lossless check."""
+def measure_vllm(cfg, export_dir: Path, prompts, extra: dict | None = None
+                 ) -> tuple[list[dict], dict, list[dict]]:
+    """One row per (method, k, T, batch); the generated ids per row key for the lossless check;
+    rows of the `extra` prompt splits (eval.splits) at the largest batch."""
     grid = methods(cfg)
-    return measure_grid(cfg, grid, {method: export_dir for method, _ in grid}, prompts)
+    return measure_grid(cfg, grid, {method: export_dir for method, _ in grid}, prompts, extra)
 
 
 def measure_grid(cfg, grid: list[tuple[str, int | None]], exports: dict[str, Path],
-                 prompts) -> tuple[list[dict], dict]:
+                 prompts, extra: dict[str, list] | None = None
+                 ) -> tuple[list[dict], dict, list[dict]]:
     """measure_vllm over any (method, k) grid, method serving `exports[method]` (none: no
-    speculation; scripts/bench_draft_lm.py puts two draft kinds side by side)."""
-    e = cfg.eval
-    rows, outputs = [], {}
+    speculation; scripts/bench_draft_lm.py puts two draft kinds side by side). Each engine
+    also serves every `extra` split ({name: prompts}) at the largest batch: split rows."""
+    e, extra = cfg.eval, extra or {}
+    rows, outputs, split_rows = [], {}, []
+    every = [*prompts, *(q for qs in extra.values() for q in qs)]  # engine sized for all
     for method, k in tqdm(grid, desc="vLLM engines", unit="engine"):
         spec = vllm_engine.speculative_config(method, k, exports.get(method))
-        with started(vllm_engine.run_engine_spec(cfg, spec, prompts)) as llm:
+        with started(vllm_engine.run_engine_spec(cfg, spec, every)) as llm:
             vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
             for temp in e.temperatures:
                 params = vllm_engine.sampling(temp, e.max_new_tokens,
@@ -194,11 +204,20 @@ def measure_grid(cfg, grid: list[tuple[str, int | None]], exports: dict[str, Pat
                     m = vllm_engine.measure(llm, prompts, params, batch_size=b)
                     outputs[(method, k, temp, b)] = m.pop("outputs")
                     rows.append(row(method, k, temp, m))
-    base = {(r["temperature"], r["batch_size"]): r["tokens_per_s"] for r in rows
-            if r["method"] == "none"}
+                for split, qs in extra.items():
+                    m = vllm_engine.measure(llm, qs, params, batch_size=max(e.batch_sizes))
+                    m.pop("outputs")
+                    split_rows.append({"split": split, **row(method, k, temp, m)})
+    _speedups(rows, lambda r: (r["temperature"], r["batch_size"]))
+    _speedups(split_rows, lambda r: (r["split"], r["temperature"]))
+    return rows, outputs, split_rows
+
+
+def _speedups(rows: list[dict], key) -> None:
+    """speedup = tok/s over the no-speculation row of the same key(row)."""
+    base = {key(r): r["tokens_per_s"] for r in rows if r["method"] == "none"}
     for r in rows:
-        r["speedup"] = r["tokens_per_s"] / base[(r["temperature"], r["batch_size"])]
-    return rows, outputs
+        r["speedup"] = r["tokens_per_s"] / base[key(r)]
 
 
 def row(method: str, k: int | None, temperature: float, m: dict) -> dict:
