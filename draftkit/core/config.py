@@ -168,6 +168,7 @@ class EvalConfig:
     dtype: str = "auto"  # vLLM dtype for measurements (auto: hardware.py)
     seed: int = 0
     reference_prompts: int = 4  # prompts the torch reference decoder runs (no KV cache: slow)
+    lossless_prompts: int = 0  # prompts of the fp32 greedy lossless check (0 = every eval prompt)
     # more prompt splits (eval/splits.py: seen-templates, hand-written), each measured by the
     # same engines at the largest eval batch; [] = the run's held-out split only
     splits: list[str] = field(default_factory=list)

@@ -238,8 +238,11 @@ def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
     k = cfg.draft.num_speculative_tokens if cfg.draft.num_speculative_tokens in e.k_values \
         else max(e.k_values)
     b = min(e.batch_sizes)
+    n = min(e.lossless_prompts, len(prompts)) if e.lossless_prompts > 0 else len(prompts)
+    prompts = prompts[:n]
     if hardware.resolve(e.dtype, key="eval.dtype") == "float32" and 0.0 in e.temperatures:
-        plain, spec, source = outputs[("none", None, 0.0, b)], outputs[(kind, k, 0.0, b)], "reused"
+        plain, spec = outputs[("none", None, 0.0, b)][:n], outputs[(kind, k, 0.0, b)][:n]
+        source = "reused"
     else:
         params = vllm_engine.sampling(0.0, e.max_new_tokens)
         got = []
