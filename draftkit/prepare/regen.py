@@ -74,20 +74,19 @@ class Generator:
         return Completion(ids[:limit], False)
 
     def _vllm(self, reqs: list[Request]) -> list[Completion]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self._llm is None:
-            from draftkit.serving import vllm_engine
+        from draftkit.serving import vllm_engine
 
+        if self._llm is None:
             d, t = self.cfg.data, self.cfg.target
             max_len = min(d.max_seq_len, t.max_position_embeddings or d.max_seq_len)
             spec = vllm_engine.EngineSpec(model=str(self.path), dtype=d.regen_dtype,
                                           max_model_len=max_len, seed=d.seed,
                                           max_num_seqs=max(1, min(256, d.regen_batch_size)))
             self._llm = vllm_engine.start(spec)
-        params = [SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
-                                 seed=r.seed if r.temperature > 0 else None) for r in reqs]
+        params = [vllm_engine.sampling(r.temperature, r.max_tokens, top_p=r.top_p,
+                                       seed=r.seed if r.temperature > 0 else None) for r in reqs]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in reqs]
         results = self._llm.generate(prompts, params, use_tqdm=False)
         return [self._finish(list(o.outputs[0].token_ids), r.max_tokens)

@@ -93,10 +93,23 @@ def engine(spec: EngineSpec):
 
 def sampling(temperature: float, max_tokens: int, top_p: float = 1.0, seed: int | None = None,
              ignore_eos: bool = False):
+    """SamplingParams; `seed` is a per-request seed, used only where vLLM supports it. On its
+    CPU platform a seeded request kills the engine ("CPU Generator does not use offset") as soon
+    as chunked prefill discards a sampled token, so there the engine's own seed
+    (EngineSpec.seed) fixes the run instead."""
     from vllm import SamplingParams
 
     return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                          seed=seed, ignore_eos=ignore_eos)
+                          seed=request_seed(seed), ignore_eos=ignore_eos)
+
+
+def request_seed(seed: int | None) -> int | None:
+    """`seed` where vLLM's platform can seed a single request, else None (see sampling)."""
+    if seed is None:
+        return None
+    from vllm.platforms import current_platform
+
+    return None if current_platform.is_cpu() else seed
 
 
 @dataclass
