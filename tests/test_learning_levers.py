@@ -1,6 +1,6 @@
 """Training levers of #15: the decoder layer copied from a target layer (draft.init_layer_from),
-loss on every harvested position (train.loss_on=all) and a CPU-second budget
-(train.max_cpu_seconds)."""
+loss on every harvested position (train.loss_on=all), a CPU-second budget
+(train.max_cpu_seconds) and noise on the target features (train.feature_noise)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from _eagle3_helpers import H, make_batch, make_model, make_spec
 from draftkit.core.config import TrackingConfig, TrainConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import init_layer
-from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.eagle3.model import Eagle3Draft, add_feature_noise
 from draftkit.drafts.eagle3.vocab import DraftVocab
 from draftkit.train.data import BatchBuilder, TokenSource
 from draftkit.train.loop import fit
@@ -128,3 +128,28 @@ def test_cpu_budget_stops_training_with_a_final_eval(tmp_path):
     assert json.loads((tmp_path / "history.json").read_text()) == json.loads(json.dumps(hist))
     again = fit(Toy(), toy_batches, make_eval(), cfg, tmp_path, TrackingConfig(backend="none"))
     assert again.state.step == res.state.step  # the budget is spent: a resume does not train
+
+
+def test_feature_noise_is_relative_per_aux_layer_and_training_only():
+    torch.manual_seed(0)
+    aux = torch.randn(4, 64, 3 * 256) * torch.tensor([1.0, 10.0, 300.0]).repeat_interleave(256)
+    noisy = add_feature_noise(aux, 0.1, 3)
+    rel = ((noisy - aux).unflatten(-1, (3, -1)).std(dim=(0, 1, 3))
+           / aux.unflatten(-1, (3, -1)).pow(2).mean(dim=(0, 1, 3)).sqrt())
+    assert torch.allclose(rel, torch.full((3,), 0.1), rtol=0.05)  # each layer at its own scale
+
+    spec = make_spec()
+    model = make_model(spec)
+    batch = make_batch(spec, [12, 9], 12)
+    loss_plain, _ = model(batch)
+    model.feature_noise = 0.2
+    loss_eval, _ = model(batch)  # eval mode: no noise, bit for bit
+    assert torch.equal(loss_eval, loss_plain)
+    model.train()
+    torch.manual_seed(1)
+    loss_a, _ = model(batch)
+    torch.manual_seed(1)
+    loss_b, _ = model(batch)  # the global RNG decides it: a resumed run replays it
+    assert torch.equal(loss_a, loss_b) and not torch.equal(loss_a, loss_plain)
+    model.feature_noise = 0.0
+    assert torch.equal(model(batch)[0], model.eval()(batch)[0])  # 0 = off in training too

@@ -133,6 +133,32 @@ def test_train_refuses_harvest_of_other_layer_ids(run):
         api.train(run, overrides=["draft.aux_layer_ids=[1,3,5]", "train.max_steps=1"])
 
 
+def test_feature_noise_changes_training_and_resumes_exactly(run):
+    noise = ["train.feature_noise=0.1", "train.max_steps=4", "train.save_every=2"]
+    plain = train_history(api.train(copy_run(run, "life-plain"), overrides=noise[1:]))
+    full = api.train(copy_run(run, "life-noise"), overrides=noise)
+    other = copy_run(run, "life-noise-resume")
+    api.train(other, overrides=noise, stop_after=3)  # "crash" after step 3; checkpoint: step 2
+    resumed = api.train(other, overrides=noise)
+    losses = [h["loss"] for h in train_history(full)]
+    assert losses == [h["loss"] for h in train_history(resumed)]  # the noise replays exactly
+    assert losses[0] != plain[0]["loss"]  # and it was applied from the first step
+    a = load_file(str(full / "best" / "model.safetensors"))
+    b = load_file(str(resumed / "best" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_refuses_feature_noise_it_cannot_apply(tmp_path):
+    head = api.init("tiny-llama", "math", name="head", runs_dir=tmp_path,
+                    overrides=["data.source=offline"])
+    lm = api.init("tiny-llama", "math", kind="draft-lm", name="lm", runs_dir=tmp_path,
+                  overrides=["data.source=offline"])
+    with pytest.raises(DraftkitError, match="feature_noise=0 for draft.kind=draft-lm"):
+        api.train(lm, overrides=["train.feature_noise=0.1"])
+    with pytest.raises(DraftkitError, match="like 0.05"):
+        api.train(head, overrides=["train.feature_noise=-0.1"])
+
+
 def test_export_without_checkpoint_is_a_clear_error(tmp_path):
     empty = api.init("tiny-llama", "math", name="empty", runs_dir=tmp_path,
                           overrides=["data.source=offline"])

@@ -122,6 +122,10 @@ class TrainConfig:
     # all = every token whose target hidden state was harvested, prompt tokens included.
     # Eval (simulated AL, best checkpoint) always counts assistant tokens only.
     loss_on: str = "assistant"
+    # EAGLE-3 training-only augmentation (EAGLE's feature noise): the target's aux features get
+    # Gaussian noise of this std relative to each aux layer's per-token RMS; 0 = off. A head
+    # trained on few conversations meets features at draft time it never saw exactly.
+    feature_noise: float = 0.0
     epochs: int = 4
     max_steps: int = 0  # 0 = epochs decide
     # stop once training has used this many CPU-seconds (process CPU time of the loop's own

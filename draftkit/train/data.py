@@ -134,6 +134,10 @@ class PlannedBatches(Sequence):
             for i in indices:
                 yield self[i]
             return
+        # its own generator: a DataLoader draws its workers' seed from the global RNG otherwise,
+        # and a run resumed mid-epoch (new loader) would draw the training's randomness
+        # (train.feature_noise) from another point of the stream than the uninterrupted run
         loader = DataLoader(_PlanItems(self.plan, self.build), batch_size=None, sampler=indices,
-                            num_workers=min(self.workers, len(indices)), prefetch_factor=2)
+                            num_workers=min(self.workers, len(indices)), prefetch_factor=2,
+                            generator=torch.Generator().manual_seed(0))
         yield from loader

@@ -177,12 +177,20 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         raise DraftkitError(f"draft kind {cfg.draft.kind!r} has no trainer; use eagle3 or draft-lm")
     if cfg.train.mode not in ("offline", "online"):
         raise DraftkitError(f"train.mode must be offline or online, got {cfg.train.mode!r}")
+    if cfg.train.feature_noise and cfg.draft.kind != "eagle3":
+        raise DraftkitError(f"train.feature_noise is for EAGLE-3 heads (noise on the target's "
+                            f"features); set train.feature_noise=0 for draft.kind={cfg.draft.kind}")
+    if not 0 <= cfg.train.feature_noise < 10:
+        raise DraftkitError(f"train.feature_noise is a std relative to the features' RMS: "
+                            f"use a small value like 0.05 (0 = off), got {cfg.train.feature_noise}")
     data_runs = [run.paths, *_extra_runs(run)]  # checked before the target loads
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
     dtype = torch.float32  # master weights and batches; train.dtype sets autocast (loop.py)
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
     model = build_draft(cfg, data_runs, target).to(device=device, dtype=dtype)
+    if cfg.train.feature_noise:
+        model.feature_noise = cfg.train.feature_noise
 
     capture = None
     if cfg.train.mode == "online":

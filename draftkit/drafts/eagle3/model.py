@@ -67,6 +67,7 @@ class Eagle3Draft(nn.Module):
         if ttt_steps < 1:
             raise DraftkitError(f"train.ttt_steps must be >= 1, got {ttt_steps}")
         self.spec, self.ttt_steps, self.ttt_decay = spec, ttt_steps, ttt_decay
+        self.feature_noise = 0.0  # train.feature_noise: applied in training mode only
         h, ht, a, eps = spec.hidden_size, spec.target_hidden_size, spec.num_aux, spec.rms_norm_eps
         self.embed_tokens = nn.Embedding(spec.target_vocab_size, h).requires_grad_(False)
         self.input_norm = RMSNorm(a * ht, eps) if spec.norm_before_fc else None
@@ -283,7 +284,10 @@ class Eagle3Draft(nn.Module):
         need = valid & losses.shift(learn, 1)  # [B, T]
         tgt_logits, tgt_ids = self.verifier_targets(  # [B, T, Vd], [B, T]
             batch["last"], where=need, full_vocab=not self.training)
-        states = self.ttt_states(batch["aux"], batch["input_ids"], valid)  # steps x [B, T, H]
+        aux = batch["aux"]
+        if self.training and self.feature_noise > 0:
+            aux = add_feature_noise(aux, self.feature_noise, self.spec.num_aux)
+        states = self.ttt_states(aux, batch["input_ids"], valid)  # steps x [B, T, H]
         to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
                                                       device=valid.device))  # [Vd]
         kl_sums, counts = [], []
@@ -330,6 +334,15 @@ class Eagle3Draft(nn.Module):
                                      save(tensors, metadata={"format": "pt"}))
         artifacts.write_json_atomic(directory / CONFIG_FILE, fmt.to_config(self.spec))
         return directory
+
+
+def add_feature_noise(aux: torch.Tensor, std: float, num_aux: int) -> torch.Tensor:
+    """aux [B, T, A*Ht] plus N(0, (std * r)^2) per element, r = the RMS of that token's features
+    from the same aux layer (the layers' scales differ by orders of magnitude); torch's global
+    RNG, so the train loop's checkpoints resume it exactly."""
+    x = aux.float().unflatten(-1, (num_aux, -1))  # [B, T, A, Ht]
+    rms = x.pow(2).mean(-1, keepdim=True).sqrt()  # [B, T, A, 1]
+    return (x + torch.randn_like(x) * (rms * std)).flatten(-2).to(aux.dtype)
 
 
 def module_tensors(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

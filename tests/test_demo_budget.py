@@ -1,0 +1,30 @@
+"""scripts/demo.py's budget: every override is a valid config key of the smollm2 run, and the
+bigger data applies only where `auto` resolves to bf16 (fp32-only CPUs keep the small one)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from draftkit.core import hardware
+from draftkit.core.init import resolve
+
+DEMO = Path(__file__).resolve().parents[1] / "scripts" / "demo.py"
+
+
+@pytest.fixture(scope="module")
+def demo():
+    spec = importlib.util.spec_from_file_location("demo_script", DEMO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dtype,samples,epochs", [("bfloat16", 600, 3), ("float32", 280, 4)])
+def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, samples, epochs):
+    monkeypatch.setattr(hardware, "resolve", lambda name, *a, **k: dtype)
+    cfg = resolve("smollm2-135m", "math", overrides=demo.demo_overrides())
+    assert (cfg.data.max_samples, cfg.train.epochs) == (samples, epochs)
+    assert cfg.eval.splits == ["seen-templates", "hand-written"] and not cfg.export.check
