@@ -26,7 +26,7 @@ DEMO_OVERRIDES = [
     "data.self_instruct=60",
     "data.regen_max_new_tokens=192",
     "train.epochs=4",
-    "eval.num_prompts=16",
+    "eval.num_prompts=16",  # per split; FP32_OVERRIDES lowers it
     "eval.max_new_tokens=128",
     "eval.k_values=[3]",
     "eval.temperatures=[0.0]",
@@ -38,9 +38,11 @@ DEMO_OVERRIDES = [
 # Unique conversations are what the demo's head lacks (train-split sim AL 2.37 vs held-out 1.97
 # after 340 x 4 epochs). Where bf16 is native (AVX512-BF16/AMX CPUs, GPUs) the budget affords
 # 600 templated problems x 3 epochs: demo9, 17.0 min on an Intel Xeon with AMX, vLLM AL +0.08 to
-# +0.16 over 280 x 4 on the three splits. In fp32 (AVX2-only CPUs) prepare and training cost
-# about 2x, so the smaller data keeps the demo under 20 minutes there (demo6-avx2: 17.6 min).
+# +0.16 over 280 x 4 on the three splits. In fp32 (AVX2-only CPUs) vLLM generates 2-3x slower,
+# so the data stays at 280 x 4 and eval serves 8 prompts per split instead of 16: an Intel Xeon
+# restricted to AVX2 took 23.5 min with 16 (demo9-avx2), 11.2 of them in eval.
 BF16_OVERRIDES = ["data.max_samples=600", "train.epochs=3"]
+FP32_OVERRIDES = ["eval.num_prompts=8"]
 
 
 def main() -> int:
@@ -80,11 +82,12 @@ def main() -> int:
 
 
 def demo_overrides() -> list[str]:
-    """The demo's budget for this machine: BF16_OVERRIDES on top where `auto` resolves to bf16."""
+    """The demo's budget for this machine: BF16_OVERRIDES on top where `auto` resolves to bf16,
+    else FP32_OVERRIDES."""
     from draftkit.core import hardware
 
     native = hardware.resolve("auto") == "bfloat16"
-    return [*DEMO_OVERRIDES, *(BF16_OVERRIDES if native else [])]
+    return [*DEMO_OVERRIDES, *(BF16_OVERRIDES if native else FP32_OVERRIDES)]
 
 
 def _summary(report: dict) -> dict:

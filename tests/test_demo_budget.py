@@ -22,9 +22,12 @@ def demo():
     return module
 
 
-@pytest.mark.parametrize("dtype,samples,epochs", [("bfloat16", 600, 3), ("float32", 280, 4)])
-def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, samples, epochs):
+@pytest.mark.parametrize("dtype,samples,epochs,prompts",
+                         [("bfloat16", 600, 3, 16), ("float32", 280, 4, 8)])
+def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, samples, epochs,
+                                                prompts):
     monkeypatch.setattr(hardware, "resolve", lambda name, *a, **k: dtype)
     cfg = resolve("smollm2-135m", "math", overrides=demo.demo_overrides())
-    assert (cfg.data.max_samples, cfg.train.epochs) == (samples, epochs)
+    assert (cfg.data.max_samples, cfg.train.epochs, cfg.eval.num_prompts) == (samples, epochs,
+                                                                              prompts)
     assert cfg.eval.splits == ["seen-templates", "hand-written"] and not cfg.export.check
