@@ -10,12 +10,13 @@ random and trained EAGLE-3 heads saved where train and export put them.
 the prompts, so it is accepted often (vLLM AL ~2.2 at k=3) and acceptance tests are not the
 trivial AL = 1.0 of a random head; `greedy_batch` and `fit` do the same for any draft kind.
 `copy_run` copies a finished run's stages, `train_history` reads its trainer history,
-`one_thread` runs toy-sized torch work on 1 thread.
+`one_thread` runs toy-sized torch work on 1 thread, `script` imports a file of scripts/.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import random
 import shutil
@@ -77,6 +78,15 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(n)
+
+
+def script(name: str):
+    """scripts/<name>.py as a module (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _text(rng: random.Random, lo: int, hi: int) -> str:

@@ -3,23 +3,16 @@ bigger data applies only where `auto` resolves to bf16 (fp32-only CPUs keep the 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from _runs import script
 
 from draftkit.core import hardware
 from draftkit.core.init import resolve
 
-DEMO = Path(__file__).resolve().parents[1] / "scripts" / "demo.py"
-
 
 @pytest.fixture(scope="module")
 def demo():
-    spec = importlib.util.spec_from_file_location("demo_script", DEMO)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("demo")
 
 
 @pytest.mark.parametrize("dtype,samples,epochs,prompts",

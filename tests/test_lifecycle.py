@@ -3,13 +3,11 @@ harvest -> train (offline, and online with the target in the loop) -> export -> 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from _runs import copy_run, one_thread, train_history
+from _runs import copy_run, one_thread, script, train_history
 from safetensors.torch import load_file, save_file
 
 from draftkit import api
@@ -18,7 +16,6 @@ from draftkit.core.errors import DraftkitError
 from draftkit.harvest.shards import open_harvest
 from draftkit.train.data import epoch_plan
 
-ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = [
     "data.source=offline", "data.max_samples=48", "data.eval_samples=8",
     "data.regen_engine=hf", "data.regen_max_new_tokens=24", "data.regen_temperature=0.0",
@@ -61,13 +58,6 @@ def _trained(run):
     return best
 
 
-def _bench_script():
-    spec = importlib.util.spec_from_file_location("bench_eagle3", ROOT / "scripts" / "bench_eagle3.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def _eval_metrics(train_dir):
     return json.loads((train_dir / "best" / "meta.json").read_text())["eval"]
 
@@ -89,7 +79,7 @@ def test_warm_start_resumes_from_the_head_and_its_vocab(run):
         assert got[key] == pytest.approx(head[key], rel=1e-5), key
     assert _eval_metrics(artifacts.RunPaths(cold).train)["sim_al"] < head["sim_al"]
     # the benchmark's budget counts the steps that made the initial head
-    assert _bench_script()._budget(warm)["warm_start"] == [{
+    assert script("bench_eagle3")._budget(warm)["warm_start"] == [{
         "from": str(run), "steps": 8,
         "train_s": json.loads((best.parent / "meta.json").read_text())["timings"]["train_s_this_call"]}]
 
@@ -115,7 +105,7 @@ def test_extra_runs_add_their_harvest_to_the_train_data(run):
     assert len(lengths) > 0 and json.loads((out / "meta.json").read_text())["steps"] == len(
         epoch_plan(lengths * 2, cfg.train.batch_tokens, cfg.train.seed, 0, cfg.train.pad_multiple))
     # the benchmark's data budget counts the extra run's data too
-    bench = _bench_script()
+    bench = script("bench_eagle3")
     single = json.loads((artifacts.RunPaths(run).data / "stats.json").read_text())["train"]
     budget = bench._budget(both)
     assert budget["train_samples"] == 2 * single["samples"]
@@ -224,10 +214,7 @@ def test_export_is_served_by_vllm_with_matching_al(run, tiny_target):
 
 
 def test_train_step_profile_covers_every_phase_and_counts_padding(run, tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_train_step",
-                                                  ROOT / "scripts" / "bench_train_step.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = script("bench_train_step")
     cfg = config.load(run)
     with one_thread():
         model, build, plan = bench.setup(run, cfg)
