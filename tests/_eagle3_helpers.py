@@ -13,7 +13,8 @@ V, VD, H = 64, 40, 32
 
 
 def make_spec(family: str = "llama", flags: tuple = (False, False, False, False),
-              vocab: int = V, draft_vocab: int = VD, rope_scaling: dict | None = None) -> DraftSpec:
+              vocab: int = V, draft_vocab: int = VD, rope_scaling: dict | None = None,
+              num_layers: int = 1) -> DraftSpec:
     nbr, nbf, fcn, nout = flags
     return DraftSpec(
         family=family, hidden_size=H, intermediate_size=48, num_attention_heads=4,
@@ -21,7 +22,8 @@ def make_spec(family: str = "llama", flags: tuple = (False, False, False, False)
         rope_scaling=rope_scaling, max_position_embeddings=256, target_vocab_size=vocab,
         draft_vocab_size=draft_vocab, target_hidden_size=H, aux_layer_ids=[1, 2, 4],
         norm_before_residual=nbr, norm_before_fc=nbf, fc_norm=fcn, norm_output=nout,
-        num_speculative_tokens=3, verifier_name_or_path="", verifier_architecture="LlamaForCausalLM")
+        num_speculative_tokens=3, verifier_name_or_path="", verifier_architecture="LlamaForCausalLM",
+        num_layers=num_layers)
 
 
 def make_model(spec: DraftSpec, ttt_steps: int = 3, seed: int = 0) -> Eagle3Draft:

@@ -256,3 +256,45 @@ def assert_al_matches_replay(measured: dict, replays: list[tuple[int, list[int]]
     assert ours_al > 1.5  # the trained draft is accepted often: a real comparison
     assert abs(spec["drafts"] - drafts) <= len(replays)  # at most one tail step per prompt
     assert spec["acceptance_length"] == pytest.approx(ours_al, abs=0.1)
+
+
+def probe_drafter(worker) -> dict:
+    """Runs inside vLLM's worker: the drafter's tensors. vLLM-CPU repacks linear weights for
+    oneDNN and empties `weight`, so each linear is read back as its output on an identity."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    model = worker.model_runner.drafter.model
+    out = {name: p.detach().clone() for name, p in model.named_parameters() if p.numel()}
+    for name, mod in model.named_modules():
+        if isinstance(mod, LinearBase):
+            eye = torch.eye(mod.input_size, dtype=torch.float32)
+            out[f"{name}.weight"] = mod.quant_method.apply(mod, eye, None).t().contiguous()
+    return out
+
+
+def replay(model, target, prompt, generated, k):
+    """vLLM's greedy chain drafting replayed with `step`: (drafts, accepted per position)."""
+    from draftkit.target.capture import capture as _capture
+
+    seq = prompt + generated
+    with torch.no_grad():
+        aux, _ = _capture(target.model, torch.tensor([seq]), AUX)
+        fused = model.fuse(aux)[0]  # [L, H]
+    n, drafts, per_pos = len(prompt) - 1, 0, [0] * k
+    while n + 1 < len(seq) - 1:  # x_{n+1} is known and more tokens follow it
+        ids, hid, pos = torch.tensor(seq[1:n + 2]), fused[: n + 1], torch.arange(n + 1)
+        proposals = []
+        with torch.no_grad():
+            for j in range(k):
+                logits, hidden_out = model.step(ids[None], hid[None], pos[None])
+                tok = model.draft_to_target(logits[0, -1].argmax())
+                proposals.append(int(tok))
+                ids, hid = torch.cat([ids, tok[None]]), torch.cat([hid, hidden_out[0, -1:]])
+                pos = torch.cat([pos, torch.tensor([n + 1 + j])])
+        a = 0
+        while a < k and n + 2 + a < len(seq) and proposals[a] == seq[n + 2 + a]:
+            per_pos[a] += 1
+            a += 1
+        drafts += 1
+        n += a + 1
+    return drafts, per_pos

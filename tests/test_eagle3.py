@@ -38,8 +38,9 @@ def brute_force(model, fused, ids, length, t, steps):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("flags", FLAGS, ids=lambda f: "".join("1" if x else "0" for x in f))
-def test_ttt_unroll_matches_step_by_step_inference(family, flags):
-    spec = make_spec(family, flags)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_ttt_unroll_matches_step_by_step_inference(family, flags, layers):
+    spec = make_spec(family, flags, num_layers=layers)
     model = make_model(spec)
     lengths, t_max = [9, 6], 9
     batch = make_batch(spec, lengths, t_max)
@@ -249,3 +250,28 @@ def test_duplicate_or_unsorted_aux_ids_are_refused(tiny_vocab):
         cfg.draft.aux_layer_ids = ids
         with pytest.raises(DraftkitError, match="distinct and ascending"):
             Eagle3Draft.from_run_config(cfg, tiny_vocab)
+
+
+def test_two_layer_head_round_trips_and_is_checked(tmp_path, tiny_vocab, tiny_target):
+    from draftkit.core.init import resolve
+    from draftkit.drafts.eagle3 import format as fmt
+
+    cfg = resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256",
+                                                   "draft.aux_layer_ids=[1,3,5]",
+                                                   "draft.num_layers=2"])
+    model = Eagle3Draft.from_run_config(cfg, tiny_vocab, target_model=tiny_target.model)
+    model.save_pretrained(tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 2
+    loaded = Eagle3Draft.from_pretrained(tmp_path / "ckpt", target_model=tiny_target.model)
+    assert loaded.spec == model.spec and len(loaded.layers) == 2
+    ids, pos = torch.randint(0, 512, (1, 9)), torch.arange(9)[None]
+    hidden = torch.randn(1, 9, 128)
+    with torch.no_grad():
+        for a, b in zip(model.step(ids, hidden, pos), loaded.step(ids, hidden, pos), strict=True):
+            assert torch.equal(a, b)
+    tensors = model.export_state_dict()
+    assert tensors["layers.1.self_attn.q_proj.weight"].shape == (128, 128)  # H inputs, not 2H
+    one_layer = {k: v for k, v in tensors.items() if not k.startswith("layers.1.")}
+    with pytest.raises(DraftkitError, match=r"missing=\['layers.1"):
+        fmt.check_state_dict(model.spec, one_layer)

@@ -13,34 +13,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 
+import _runs
 import pytest
 import torch
-from _runs import AUX, DRAFT, assert_al_matches_replay, make_run, save_best
+from _runs import DRAFT, assert_al_matches_replay, make_run, probe_drafter, replay, save_best
 
 from draftkit.core import artifacts, config
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
-from draftkit.target.capture import capture
 
 pytestmark = pytest.mark.vllm
 
 K, PROMPTS, GEN = 3, 8, 40
-
-
-def probe_drafter(worker) -> dict:
-    """Runs inside vLLM's worker: the drafter's tensors. vLLM-CPU repacks linear weights for
-    oneDNN and empties `weight`, so each linear is read back as its output on an identity."""
-    from vllm.model_executor.layers.linear import LinearBase
-
-    model = worker.model_runner.drafter.model
-    out = {name: p.detach().clone() for name, p in model.named_parameters() if p.numel()}
-    for name, mod in model.named_modules():
-        if isinstance(mod, LinearBase):
-            eye = torch.eye(mod.input_size, dtype=torch.float32)
-            out[f"{name}.weight"] = mod.quant_method.apply(mod, eye, None).t().contiguous()
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +48,7 @@ def llm(trained):
         mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with a function
         import cloudpickle
 
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        cloudpickle.register_pickle_by_value(_runs)  # probe_drafter
         cfg, prompts = trained["cfg"], trained["prompts"]
         spec = vllm_engine.run_engine_spec(cfg, None, prompts, batch_size=len(prompts))
         assert not (trained["run"] / "export").exists()  # served from where it was moved to,
@@ -95,32 +80,6 @@ def test_vllm_drafter_holds_our_tensors(llm, trained, tiny_target):
         assert name in got, f"{name} not in vLLM's drafter: {sorted(got)}"
         torch.testing.assert_close(got[name].float(), value.float(), atol=1e-6, rtol=0,
                                    msg=lambda m, n=name: f"{n}: {m}")
-
-
-def replay(model, target, prompt, generated, k):
-    """vLLM's greedy chain drafting replayed with `step`: (drafts, accepted per position)."""
-    seq = prompt + generated
-    with torch.no_grad():
-        aux, _ = capture(target.model, torch.tensor([seq]), AUX)
-        fused = model.fuse(aux)[0]  # [L, H]
-    n, drafts, per_pos = len(prompt) - 1, 0, [0] * k
-    while n + 1 < len(seq) - 1:  # x_{n+1} is known and more tokens follow it
-        ids, hid, pos = torch.tensor(seq[1:n + 2]), fused[: n + 1], torch.arange(n + 1)
-        proposals = []
-        with torch.no_grad():
-            for j in range(k):
-                logits, hidden_out = model.step(ids[None], hid[None], pos[None])
-                tok = model.draft_to_target(logits[0, -1].argmax())
-                proposals.append(int(tok))
-                ids, hid = torch.cat([ids, tok[None]]), torch.cat([hid, hidden_out[0, -1:]])
-                pos = torch.cat([pos, torch.tensor([n + 1 + j])])
-        a = 0
-        while a < k and n + 2 + a < len(seq) and proposals[a] == seq[n + 2 + a]:
-            per_pos[a] += 1
-            a += 1
-        drafts += 1
-        n += a + 1
-    return drafts, per_pos
 
 
 @pytest.fixture(scope="module")

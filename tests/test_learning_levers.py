@@ -1,4 +1,5 @@
-"""Training levers of #15: the decoder layer copied from a target layer (draft.init_layer_from),
+"""Training levers of #15: the decoder layer(s) copied from target layers (draft.init_layer_from,
+draft.num_layers),
 loss on every harvested position (train.loss_on=all), a CPU-second budget
 (train.max_cpu_seconds) and noise on the target features (train.feature_noise)."""
 
@@ -68,6 +69,38 @@ def test_layer_copied_from_the_target(index, layer, vocab, tiny_target):
         assert torch.equal(fc, base.fc.weight)
     for a, b in zip(model.state_dict().values(), from_files.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_stacked_layers_start_as_the_target_layers(vocab, tiny_target):
+    """draft.num_layers=2 from layer 3: layer 0 as above from target layer 3, layer 1 is target
+    layer 4 whole, and runs as it: on the state entering target layer 4, it returns the state
+    entering layer 5 (transformers' own forward is the reference)."""
+    from draftkit.drafts.eagle3.layer import causal_mask
+
+    cfg = _tiny_cfg("draft.init_layer_from=3", "draft.num_layers=2")
+    model = Eagle3Draft.from_run_config(cfg, vocab, target_model=tiny_target.model)
+    t = tiny_target.model.model.layers
+    assert torch.equal(model.layers[0].self_attn.q_proj.weight[:, cfg.target.hidden_size:],
+                       t[3].self_attn.q_proj.weight)
+    ours, theirs = model.layers[1].state_dict(), t[4].state_dict()
+    assert set(ours) - set(theirs) == {"hidden_norm.weight"}  # vLLM's, unused after layer 0
+    for name, value in theirs.items():
+        assert torch.equal(ours[name], value), name
+    ids = torch.randint(0, 512, (2, 12))
+    with torch.no_grad():
+        states = tiny_target.model(ids, output_hidden_states=True).hidden_states
+        x, pos = states[4], torch.arange(12).expand(2, 12)
+        cos, sin = model.rotary(pos, x.dtype)
+        q, k, v, residual = model.layers[1].begin(None, x, cos, sin)
+        out = model.layers[1].end(model.layers[1].self_attn.attend(q, k, v, causal_mask(12, x.device)),
+                                  residual)
+    torch.testing.assert_close(out, states[5], atol=1e-5, rtol=1e-5)
+    with pytest.raises(DraftkitError, match="past the target's last layer"):
+        Eagle3Draft.from_run_config(_tiny_cfg("draft.init_layer_from=-1", "draft.num_layers=2"),
+                                    vocab, target_model=tiny_target.model)
+    with pytest.raises(DraftkitError, match="num_layers=-1"):
+        Eagle3Draft.from_run_config(_tiny_cfg("draft.num_layers=-1"), vocab,
+                                    target_model=tiny_target.model)
 
 
 def test_qwen3_norms_copied_and_bad_layers_refused():

@@ -74,10 +74,13 @@ class DraftConfig:
     # norm, embedding, lm_head; scratch = random weights in the target's architecture with
     # `num_layers` layers and the widths above. '' = sibling where the registry has one.
     init: str = ""
-    num_layers: int = 0  # draft-lm truncate/scratch: decoder layers; 0 = max(2, N // 5)
+    # decoder layers. draft-lm truncate/scratch: 0 = max(2, N // 5). eagle3: 0 = 1 (EAGLE-3's
+    # one layer); more stack plain decoder layers on it (vLLM serves them: llama_eagle3.py)
+    num_layers: int = 0
     # eagle3 only: start the decoder layer from target layer n instead of random weights
     # (negative counts from the end: -3 = layer N-3, the one the default last aux state enters);
-    # null = random. How the weights map: drafts/eagle3/init_layer.py
+    # layer i of a multi-layer head from target layer n+i. null = random. How the weights map:
+    # drafts/eagle3/init_layer.py
     init_layer_from: int | None = None
 
 

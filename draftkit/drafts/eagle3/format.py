@@ -34,7 +34,7 @@ FAMILIES = ("llama", "qwen3")
 
 @dataclass
 class DraftSpec:
-    """Everything that fixes the draft's shapes, numerics and its target (one decoder layer)."""
+    """Everything that fixes the draft's shapes, numerics and its target."""
 
     family: str  # llama | qwen3 (decoder layer of the target's family)
     hidden_size: int
@@ -58,6 +58,7 @@ class DraftSpec:
     verifier_name_or_path: str  # hub id, or the local HF dir the draft was trained against
     verifier_architecture: str
     target_name: str = ""  # draftkit registry name ('' for foreign checkpoints)
+    num_layers: int = 1  # decoder layers (`num_hidden_layers`); EAGLE-3 has one
 
     @property
     def num_aux(self) -> int:
@@ -93,6 +94,9 @@ def spec_from_run_config(cfg, draft_vocab_size: int, verifier_name_or_path: str)
                             "from the config value")
     aux = registry.aux_layer_ids(cfg)
     check_aux_ids(aux)
+    if d.num_layers < 0:
+        raise DraftkitError(f"draft.num_layers={d.num_layers}: an EAGLE-3 head has 1 or more "
+                            "decoder layers (0 = 1)")
     return DraftSpec(
         family=t.family, hidden_size=hidden,
         intermediate_size=d.intermediate_size or t.intermediate_size,
@@ -107,7 +111,7 @@ def spec_from_run_config(cfg, draft_vocab_size: int, verifier_name_or_path: str)
         fc_norm=d.fc_norm, norm_output=d.norm_output,
         num_speculative_tokens=d.num_speculative_tokens,
         verifier_name_or_path=verifier_name_or_path, verifier_architecture=t.architecture,
-        target_name=t.name)
+        target_name=t.name, num_layers=d.num_layers or 1)
 
 
 def rope_parameters(spec: DraftSpec) -> dict:
@@ -134,7 +138,7 @@ def transformer_layer_config(spec: DraftSpec) -> dict:
         "rope_parameters": rope_parameters(spec),
         "max_position_embeddings": spec.max_position_embeddings,
         "vocab_size": spec.target_vocab_size,  # the TARGET vocab (embedding + mapped logits)
-        "num_hidden_layers": 1,
+        "num_hidden_layers": spec.num_layers,
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
@@ -174,10 +178,10 @@ def from_config(d: dict) -> DraftSpec:
         raise DraftkitError("config.json is not a speculators EAGLE-3 config "
                             f"(speculators_model_type={d.get('speculators_model_type')!r})")
     layer = dict(d["transformer_layer_config"])
-    if (layer.get("num_hidden_layers", 1) != 1 or layer.get("hidden_act", "silu") != "silu"
+    if (layer.get("num_hidden_layers", 1) < 1 or layer.get("hidden_act", "silu") != "silu"
             or layer.get("attention_bias") or "sliding_attention" in (layer.get("layer_types") or [])):
-        raise DraftkitError("draftkit loads EAGLE-3 heads with one full-attention silu decoder "
-                            "layer without biases; this checkpoint is a different variant")
+        raise DraftkitError("draftkit loads EAGLE-3 heads with full-attention silu decoder "
+                            "layers without biases; this checkpoint is a different variant")
     rope = dict(layer.get("rope_parameters") or layer.get("rope_scaling") or {})
     theta = float(rope.pop("rope_theta", layer.get("rope_theta", 10000.0)))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -203,7 +207,8 @@ def from_config(d: dict) -> DraftSpec:
         num_speculative_tokens=spec_cfg["proposal_methods"][0]["speculative_tokens"],
         verifier_name_or_path=verifier.get("name_or_path") or "",
         verifier_architecture=(verifier.get("architectures") or [""])[0],
-        target_name=(d.get("draftkit") or {}).get("target", ""))
+        target_name=(d.get("draftkit") or {}).get("target", ""),
+        num_layers=int(layer.get("num_hidden_layers", 1)))
 
 
 def with_k(spec: DraftSpec, k: int) -> DraftSpec:
@@ -218,25 +223,25 @@ def expected_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
     h, ht, a = spec.hidden_size, spec.target_hidden_size, spec.num_aux
     q, kv, inter = spec.num_attention_heads * spec.head_dim, \
         spec.num_key_value_heads * spec.head_dim, spec.intermediate_size
-    p = "layers.0."
-    shapes = {
-        "fc.weight": (h, a * ht),
-        f"{p}self_attn.q_proj.weight": (q, 2 * h),
-        f"{p}self_attn.k_proj.weight": (kv, 2 * h),
-        f"{p}self_attn.v_proj.weight": (kv, 2 * h),
-        f"{p}self_attn.o_proj.weight": (h, q),
-        f"{p}mlp.gate_proj.weight": (inter, h),
-        f"{p}mlp.up_proj.weight": (inter, h),
-        f"{p}mlp.down_proj.weight": (h, inter),
-        f"{p}input_layernorm.weight": (h,),
-        f"{p}hidden_norm.weight": (h,),
-        f"{p}post_attention_layernorm.weight": (h,),
-        "norm.weight": (h,),
-        "lm_head.weight": (spec.draft_vocab_size, h),
-    }
-    if spec.family == "qwen3":
-        shapes[f"{p}self_attn.q_norm.weight"] = (spec.head_dim,)
-        shapes[f"{p}self_attn.k_norm.weight"] = (spec.head_dim,)
+    shapes = {"fc.weight": (h, a * ht), "norm.weight": (h,),
+              "lm_head.weight": (spec.draft_vocab_size, h)}
+    for i in range(spec.num_layers):
+        p, width = f"layers.{i}.", (2 if i == 0 else 1) * h  # layer 0 reads [embed | hidden]
+        shapes.update({
+            f"{p}self_attn.q_proj.weight": (q, width),
+            f"{p}self_attn.k_proj.weight": (kv, width),
+            f"{p}self_attn.v_proj.weight": (kv, width),
+            f"{p}self_attn.o_proj.weight": (h, q),
+            f"{p}mlp.gate_proj.weight": (inter, h),
+            f"{p}mlp.up_proj.weight": (inter, h),
+            f"{p}mlp.down_proj.weight": (h, inter),
+            f"{p}input_layernorm.weight": (h,),
+            f"{p}hidden_norm.weight": (h,),  # vLLM builds it in every layer (used by layer 0)
+            f"{p}post_attention_layernorm.weight": (h,),
+        })
+        if spec.family == "qwen3":
+            shapes[f"{p}self_attn.q_norm.weight"] = (spec.head_dim,)
+            shapes[f"{p}self_attn.k_norm.weight"] = (spec.head_dim,)
     if spec.norm_before_fc:
         shapes["input_norm.weight"] = (a * ht,)
     if spec.fc_norm:

@@ -17,6 +17,10 @@ one place: q/k/v read [input_layernorm(embed(token)) | hidden_norm(h)], width 2H
                                 zeros on the others, so fuse(aux) = h_n, the input layer n was
                                 trained on; else kept at the random init.
 
+A head with `draft.num_layers` > 1 starts layer i > 0 from target layer n+i, every tensor
+copied as it is (those layers read the hidden stream alone, as the target's do; their unused
+hidden_norm stays at ones): at init the stack is target layers n..n+L-1 on h_n.
+
 Why the token half stays random rather than a (scaled) copy: the target layer never saw a
 token embedding beside its residual, so a copy would only add the embedding to the hidden
 stream's queries; the small random init (std 0.02, the baseline's) leaves the token's way in
@@ -82,15 +86,34 @@ def target_layer_tensors(layer: int, target_model=None,
     return out
 
 
+def layers_to_copy(index: int, num_layers: int, draft_layers: int) -> list[int]:
+    """draft.init_layer_from and draft.num_layers -> the target layer of each draft layer."""
+    first = resolve_layer(index, num_layers)
+    if first + draft_layers > num_layers:
+        raise DraftkitError(
+            f"draft.init_layer_from={index} starts {draft_layers} draft layers at target layer "
+            f"{first}, past the target's last layer {num_layers - 1}; use draft.init_layer_from "
+            f"<= {num_layers - draft_layers} (<= -{draft_layers} counting from the end) or fewer "
+            "draft.num_layers")
+    return [first + i for i in range(draft_layers)]
+
+
 @torch.no_grad()
-def init_from_target_layer(draft, tensors: dict[str, torch.Tensor], layer: int) -> None:
-    """Copy target layer `layer` (`tensors`, see target_layer_tensors) into draft.layers[0] and
-    set fc as the module docstring says."""
+def init_from_target_layer(draft, tensors: dict[str, torch.Tensor], layer: int,
+                           index: int = 0) -> None:
+    """Copy target layer `layer` (`tensors`, see target_layer_tensors) into draft.layers[index];
+    for index 0 also set fc as the module docstring says."""
     h = draft.spec.hidden_size
-    own = draft.layers[0].state_dict()  # shares storage with the parameters
+    own = draft.layers[index].state_dict()  # shares storage with the parameters
     pairs = dict(_COPIED)
     if draft.spec.family == "qwen3":
         pairs.update({n: n for n in _QK_NORMS})
+    if index > 0:  # a plain decoder layer: q/k/v whole, input_layernorm on the hidden stream
+        pairs.update({n: n for n in _HIDDEN_HALF})
+        pairs["input_layernorm.weight"] = "input_layernorm.weight"
+        for src, dst in pairs.items():
+            _copy(own[dst], _need(tensors, src, layer), dst)
+        return
     for src, dst in pairs.items():
         _copy(own[dst], _need(tensors, src, layer), dst)
     for name in _HIDDEN_HALF:

@@ -1,10 +1,13 @@
-"""The EAGLE-3 decoder layer, written in pieces so training (TTT) and inference share it.
+"""The EAGLE-3 decoder layers, written in pieces so training (TTT) and inference share them.
 
-The layer is vLLM's `Eagle3LlamaForCausalLM` / `Eagle3Qwen3ForCausalLM` layer 0, op for op:
+Layer 0 is vLLM's `Eagle3LlamaForCausalLM` / `Eagle3Qwen3ForCausalLM` layer 0, op for op:
     e = input_layernorm(embed(token));  h_n = hidden_norm(h)
     residual = h_n if norm_before_residual else h          (vLLM's _residual_norm)
     q, k, v = proj(cat[e, h_n])   # q/k/v take 2H inputs; qwen3 adds per-head q_norm/k_norm
     r = attn(q, k, v) + residual;  prenorm = mlp(post_attention_layernorm(r)) + r
+Layers 1.. (vLLM's `layer_idx > 0`, `draft.num_layers` > 1) are plain decoder layers over the
+previous layer's pre-norm output x: q, k, v = proj(input_layernorm(x)) with H inputs, residual
+= x (vLLM's fused add-norm); their hidden_norm exists, as in vLLM, and is unused.
 `begin` returns (q, k, v, residual) so a caller can attend over keys of several TTT steps;
 `attend` runs SDPA with an explicit boolean mask; `end` adds the residual and the MLP.
 RoPE is built by transformers' own init functions (default, llama3, yarn...) from the same
@@ -76,14 +79,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: DraftSpec):
+    def __init__(self, spec: DraftSpec, in_features: int):
         super().__init__()
         h, hd = spec.hidden_size, spec.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = (
             spec.num_attention_heads, spec.num_key_value_heads, hd)
-        self.q_proj = nn.Linear(2 * h, self.num_heads * hd, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.num_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.num_kv_heads * hd, bias=False)
+        self.q_proj = nn.Linear(in_features, self.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(in_features, self.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(in_features, self.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(self.num_heads * hd, h, bias=False)
         self.qk_norm = spec.family == "qwen3"
         if self.qk_norm:
@@ -91,7 +94,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, spec.rms_norm_eps)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [B, T, 2H] -> q [B, nH, T, hd], k and v [B, nKV, T, hd] (RoPE applied)."""
+        """x [B, T, 2H] (layer 0) or [B, T, H] -> q [B, nH, T, hd], k and v [B, nKV, T, hd] (RoPE applied)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
@@ -122,13 +125,14 @@ class MLP(nn.Module):
 
 
 class Eagle3Layer(nn.Module):
-    """`layers.0` of the checkpoint: self_attn, mlp, input_layernorm, hidden_norm,
+    """`layers.{index}` of the checkpoint: self_attn, mlp, input_layernorm, hidden_norm,
     post_attention_layernorm."""
 
-    def __init__(self, spec: DraftSpec):
+    def __init__(self, spec: DraftSpec, index: int = 0):
         super().__init__()
         eps = spec.rms_norm_eps
-        self.self_attn = Attention(spec)
+        self.index = index
+        self.self_attn = Attention(spec, (2 if index == 0 else 1) * spec.hidden_size)
         self.mlp = MLP(spec)
         self.input_layernorm = RMSNorm(spec.hidden_size, eps)
         self.hidden_norm = RMSNorm(spec.hidden_size, eps)
@@ -137,7 +141,10 @@ class Eagle3Layer(nn.Module):
 
     def begin(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor):
-        """embeds, hidden [B, T, H] -> (q, k, v, residual [B, T, H])."""
+        """embeds, hidden [B, T, H] -> (q, k, v, residual [B, T, H]). Layers > 0 ignore
+        `embeds`; their `hidden` is the previous layer's pre-norm output."""
+        if self.index > 0:
+            return (*self.self_attn.project(self.input_layernorm(hidden), cos, sin), hidden)
         e = self.input_layernorm(embeds)  # [B, T, H]
         h = self.hidden_norm(hidden)  # [B, T, H]
         residual = h if self.norm_before_residual else hidden

@@ -1,6 +1,8 @@
-"""EAGLE-3 draft head: one decoder layer over [token embedding, fused target features].
+"""EAGLE-3 draft head: decoder layer(s) over [token embedding, fused target features].
 
-Parameter names are the speculators/vLLM checkpoint names (`fc`, `layers.0.*`, `norm`,
+One layer by default, as EAGLE-3; `draft.num_layers` > 1 stacks plain decoder layers on it
+(vLLM's multi-layer Eagle3 drafts, layer.py). Parameter names are the speculators/vLLM
+checkpoint names (`fc`, `layers.{i}.*`, `norm`,
 `lm_head`, `d2t`, `t2d`, optional `input_norm`/`fc_norm.{i}`), so `save_pretrained` writes
 what vLLM loads with no renaming. `embed_tokens` is a frozen copy of the target's embedding
 (not exported: vLLM shares the target's). `verifier_norm` and `verifier_lm_head` are frozen
@@ -73,7 +75,7 @@ class Eagle3Draft(nn.Module):
         self.input_norm = RMSNorm(a * ht, eps) if spec.norm_before_fc else None
         self.fc_norm = nn.ModuleList([RMSNorm(ht, eps) for _ in range(a)]) if spec.fc_norm else None
         self.fc = nn.Linear(a * ht, h, bias=False)
-        self.layers = nn.ModuleList([Eagle3Layer(spec)])
+        self.layers = nn.ModuleList([Eagle3Layer(spec, i) for i in range(spec.num_layers)])
         self.norm = RMSNorm(h, eps)
         self.lm_head = nn.Linear(h, spec.draft_vocab_size, bias=False)
         self.register_buffer("d2t", vocab.d2t.clone())
@@ -107,10 +109,11 @@ class Eagle3Draft(nn.Module):
         if cfg.draft.init_layer_from is not None:  # else the layer stays random
             from draftkit.drafts.eagle3 import init_layer
 
-            layer = init_layer.resolve_layer(cfg.draft.init_layer_from,
-                                             cfg.target.num_hidden_layers)
-            init_layer.init_from_target_layer(
-                model, init_layer.target_layer_tensors(layer, target_model, path), layer)
+            layers = init_layer.layers_to_copy(cfg.draft.init_layer_from,
+                                               cfg.target.num_hidden_layers, spec.num_layers)
+            for i, layer in enumerate(layers):
+                init_layer.init_from_target_layer(
+                    model, init_layer.target_layer_tensors(layer, target_model, path), layer, i)
         return model
 
     @classmethod
@@ -184,11 +187,13 @@ class Eagle3Draft(nn.Module):
         input_ids [B, S], hidden [B, S, H] (row s: fused target features or an earlier
         hidden_out), positions [B, S] -> (logits [B, S, Vd], hidden_out [B, S, H]).
         """
-        layer = self.layers[0]
         cos, sin = self.rotary(positions, hidden.dtype)
-        q, k, v, residual = layer.begin(self.embed_tokens(input_ids), hidden, cos, sin)
-        out = layer.self_attn.attend(q, k, v, causal_mask(input_ids.shape[1], input_ids.device))
-        return self._head(layer.end(out, residual))
+        embeds, mask = self.embed_tokens(input_ids), causal_mask(input_ids.shape[1],
+                                                                 input_ids.device)
+        for layer in self.layers:
+            q, k, v, residual = layer.begin(embeds, hidden, cos, sin)
+            hidden = layer.end(layer.self_attn.attend(q, k, v, mask), residual)  # pre-norm
+        return self._head(hidden)
 
     def _head(self, prenorm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         post = self.norm(prenorm)  # [B, T, H]
@@ -259,17 +264,22 @@ class Eagle3Draft(nn.Module):
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, T]
         hidden = self.fuse(aux)  # [B, T, H]: step-0 features fuse(h_t)
         mask = ttt_mask(valid, self.ttt_steps)  # [B, 1, T, steps*T]
-        layer, t = self.layers[0], input_ids.shape[1]
-        keys, values, states = [], [], []
+        t = input_ids.shape[1]
+        keys = [[] for _ in self.layers]  # per layer: the K of steps 0..j
+        values = [[] for _ in self.layers]
+        states = []
         for j in range(self.ttt_steps):
             cos, sin = self.rotary(positions + j, hidden.dtype)  # position t+j
             embeds = self.embed_tokens(losses.shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
-            q, k, v, residual = layer.begin(embeds, hidden, cos, sin)
-            keys.append(k)
-            values.append(v)
-            out = layer.self_attn.attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
-                                         mask[..., : (j + 1) * t])  # keys [B, nKV, (j+1)T, hd]
-            prenorm = layer.end(out, residual)  # [B, T, H]
+            prenorm = hidden
+            for n, layer in enumerate(self.layers):
+                q, k, v, residual = layer.begin(embeds, prenorm, cos, sin)
+                keys[n].append(k)
+                values[n].append(v)
+                out = layer.self_attn.attend(q, torch.cat(keys[n], dim=2),
+                                             torch.cat(values[n], dim=2),
+                                             mask[..., : (j + 1) * t])  # keys [B,nKV,(j+1)T,hd]
+                prenorm = layer.end(out, residual)  # [B, T, H]
             post = self.norm(prenorm)
             states.append(post)
             hidden = post if self.spec.norm_output else prenorm  # next step's hidden
