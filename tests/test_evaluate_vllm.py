@@ -1,5 +1,6 @@
 """`draftkit eval` end to end in vLLM: a tiny-llama run with a trained EAGLE-3 export (it
-really accepts tokens), k=2, T=0, batch 1 and 2, both engines; fp32 greedy output with the draft
+really accepts tokens), k=2, T=0, batch 1 (on the first N-2 prompts: eval.latency_prompts) and 2,
+both engines; fp32 greedy output with the draft
 equals output without speculation token for token, report files, plots and consistent numbers.
 Three engines (no speculation, n-gram and EAGLE-3) start once each."""
 
@@ -30,8 +31,9 @@ def report(tmp_path_factory, trained_draft):
     return evaluate(run, ["eval.engine=both", "eval.k_values=[2]", "eval.temperatures=[0]",
                           "eval.batch_sizes=[1,2]", f"eval.max_new_tokens={GEN}",
                           f"eval.num_prompts={N}", "eval.dtype=float32",
-                          f"eval.reference_prompts={N}", f"eval.results_dir={root / 'results'}",
-                          "eval.splits=[hand-written]", f"eval.lossless_prompts={N - 2}"])
+                          f"eval.reference_prompts={N - 2}", f"eval.latency_prompts={N - 2}",
+                          f"eval.results_dir={root / 'results'}", "eval.splits=[hand-written]",
+                          f"eval.lossless_prompts={N}"])
 
 
 def test_rows_cover_every_method_k_and_batch(report):
@@ -39,7 +41,8 @@ def test_rows_cover_every_method_k_and_batch(report):
     keys = {(r["method"], r["k"], r["batch_size"]) for r in rows}
     assert keys == {("none", None, 1), ("none", None, 2)} | {
         (m, 2, b) for m in ("ngram", "eagle3") for b in (1, 2)}
-    assert all(r["temperature"] == 0.0 and r["prompts"] == N for r in rows)
+    assert all(r["temperature"] == 0.0 for r in rows)
+    assert [r["prompts"] for r in rows] == [N - 2, N] * 3  # batch 1 serves eval.latency_prompts
 
 
 def test_other_splits_are_served_by_the_same_engines(report):
@@ -99,11 +102,12 @@ def test_vllm_speculation_is_lossless(report):
     x = report["lossless_vllm"]
     assert x["source"] == "reused" and x["k"] == 2 and x["batch_size"] == 1
     print("vLLM fp32 greedy exact-match:", x["exact"], "/", x["sequences"], x["first_divergence"])
-    assert x["sequences"] == N - 2 and x["exact"] == N - 2 and x["match_rate"] == 1.0  # the first N-2
+    # the batch-1 outputs it reuses cover the first N-2 prompts (eval.latency_prompts)
+    assert x["sequences"] == N - 2 and x["exact"] == N - 2 and x["match_rate"] == 1.0
     assert x["first_divergence"] is None
     rows = {(r["method"], r["batch_size"]): r for r in report["vllm"]["rows"]}
     assert rows[("eagle3", 1)]["acceptance_length"] > 1.5
-    assert rows[("none", 1)]["output_tokens"] == rows[("eagle3", 1)]["output_tokens"] >= N * 8
+    assert rows[("none", 1)]["output_tokens"] == rows[("eagle3", 1)]["output_tokens"] >= (N - 2) * 8
 
 
 def test_reference_decoder_agrees_with_vllm(report):
@@ -111,7 +115,7 @@ def test_reference_decoder_agrees_with_vllm(report):
     often as vLLM does (same tokens, same drafts: only fp32 rounding and the last step of each
     prompt may differ)."""
     ref = report["reference"]["rows"]
-    assert [(r["k"], r["temperature"], r["prompts"]) for r in ref] == [(2, 0.0, N)]
+    assert [(r["k"], r["temperature"], r["prompts"]) for r in ref] == [(2, 0.0, N - 2)]
     vllm_al = next(r["acceptance_length"] for r in report["vllm"]["rows"]
                    if r["method"] == "eagle3" and r["batch_size"] == 1)
     print(f"AL at k=2: reference {ref[0]['acceptance_length']:.3f} vs vLLM {vllm_al:.3f}")
@@ -131,7 +135,7 @@ def test_files_and_plots_exist(report):
     saved = json.loads(Path(files["json"]).read_text())
     assert len(saved["vllm"]["rows"]) == 6 and saved["settings"]["dtype"] == "float32"
     md = Path(files["md"]).read_text()
-    assert "| eagle3 | 2 | 0 | 2 |" in md and "| ngram | 2 | 0 | 1 |" in md
+    assert f"| eagle3 | 2 | 0 | 2 | {N} |" in md and f"| ngram | 2 | 0 | 1 | {N - 2} |" in md
     assert "token-exact" in md
     run_eval = Path(report["run_dir"]) / "eval"
     assert (run_eval / Path(files["json"]).name).is_file()

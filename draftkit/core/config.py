@@ -176,6 +176,9 @@ class EvalConfig:
     seed: int = 0
     reference_prompts: int = 4  # prompts the torch reference decoder runs (no KV cache: slow)
     lossless_prompts: int = 0  # prompts of the fp32 greedy lossless check (0 = every eval prompt)
+    # prompts of the batch-1 rows (0 = every eval prompt): one sequence at a time, the costliest
+    # rows of a CPU eval; larger batches and eval.splits keep eval.num_prompts
+    latency_prompts: int = 0
     # more prompt splits (eval/splits.py: seen-templates, hand-written), each measured by the
     # same engines at the largest eval batch; [] = the run's held-out split only
     splits: list[str] = field(default_factory=list)

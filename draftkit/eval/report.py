@@ -55,11 +55,11 @@ def markdown(rep: dict) -> str:
                         f"flags {' '.join(h['cpu_flags'])})"]
     if "vllm" in rep:
         lines += ["## vLLM", "",
-                  "| method | k | T | batch | AL | tok/step | acceptance per position | tok/s "
-                  "| speedup | projected |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| method | k | T | batch | prompts | AL | tok/step | acceptance per position "
+                  "| tok/s | speedup | projected |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rep["vllm"]["rows"]:
             lines.append(f"| {r['method']} | {r['k'] or '–'} | {r['temperature']:g} | "
-                         f"{r['batch_size']} | {_f(r.get('acceptance_length'))} | "
+                         f"{r['batch_size']} | {r['prompts']} | {_f(r.get('acceptance_length'))} | "
                          f"{_f(r.get('tokens_per_step'))} | "
                          f"{_pos(r.get('per_position'))} | {r['tokens_per_s']:.1f} | "
                          f"{_f(r['speedup'])}x | {_f(r.get('projected_speedup'))} |")

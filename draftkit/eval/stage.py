@@ -105,6 +105,9 @@ def check_settings(cfg) -> None:
         raise DraftkitError(f"eval.temperatures={e.temperatures} must be non-empty and >= 0")
     if e.num_prompts < 1 or e.max_new_tokens < 1:
         raise DraftkitError("eval.num_prompts and eval.max_new_tokens must be >= 1")
+    if e.latency_prompts < 0:
+        raise DraftkitError(f"eval.latency_prompts={e.latency_prompts}: use 0 (every eval "
+                            "prompt) or the number of prompts the batch-1 rows serve")
 
 
 def check_export(run: Run) -> Path:
@@ -201,7 +204,8 @@ def measure_grid(cfg, grid: list[tuple[str, int | None]], exports: dict[str, Pat
                 params = vllm_engine.sampling(temp, e.max_new_tokens,
                                               seed=e.seed if temp > 0 else None)
                 for b in e.batch_sizes:
-                    m = vllm_engine.measure(llm, prompts, params, batch_size=b)
+                    qs = prompts[:e.latency_prompts] if b == 1 and e.latency_prompts else prompts
+                    m = vllm_engine.measure(llm, qs, params, batch_size=b)
                     outputs[(method, k, temp, b)] = m.pop("outputs")
                     rows.append(row(method, k, temp, m))
                 for split, qs in extra.items():
@@ -242,6 +246,7 @@ def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
     prompts = prompts[:n]
     if hardware.resolve(e.dtype, key="eval.dtype") == "float32" and 0.0 in e.temperatures:
         plain, spec = outputs[("none", None, 0.0, b)][:n], outputs[(kind, k, 0.0, b)][:n]
+        # (batch-1 rows may have served fewer: eval.latency_prompts; compare counts what is here)
         source = "reused"
     else:
         params = vllm_engine.sampling(0.0, e.max_new_tokens)
