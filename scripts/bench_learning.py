@@ -13,7 +13,7 @@ prompts, in one run.
 Training settings (SETTINGS: run-config overrides): baseline (the source run's config),
 random-layer / init-layer (draft.init_layer_from), loss-all (train.loss_on=all), lr, batch
 tokens, TTT depth and decay, draft vocab size, feature noise (train.feature_noise), weight
-decay and decoder layers (draft.num_layers); each trains in <dir>/<prefix>-<setting> whose data/ and harvest/ are hard links to
+decay, decoder layers (draft.num_layers) and the baseline under other seeds (train.seed); each trains in <dir>/<prefix>-<setting> whose data/ and harvest/ are hard links to
 the source run's (read only). Data settings (DATA_SETTINGS):
 all-templated vs Magpie-heavy prompts at the same count, regeneration at T=1, twice the data;
 each is prepared and harvested in its own run dir. Every setting trains with
@@ -59,6 +59,9 @@ SETTINGS = {
     # capacity: decoder layers stacked on EAGLE-3's one, from target layers N-3, N-2 (, N-1)
     "layers-2": ["draft.num_layers=2"],
     "layers-3": ["draft.num_layers=3"],
+    # the baseline again under other seeds (init, batch order): how far one seed's AL is noise
+    "seed-1": ["train.seed=1"],
+    "seed-2": ["train.seed=2"],
 }
 # Prepared anew: same number of conversations as the demo (280 templated + 60 target-written)
 # unless the setting is about the amount; data-2x halves the epochs to keep the schedule's end
