@@ -37,12 +37,13 @@ DEMO_OVERRIDES = [
     "export.check=false",
 ]
 # Unique conversations are what the demo's head lacks (train-split sim AL 2.37 vs held-out 1.97
-# after 340 x 4 epochs). Where bf16 is native (AVX512-BF16/AMX CPUs, GPUs) the budget affords
-# 600 templated problems x 3 epochs: demo9, 17.0 min on an Intel Xeon with AMX, vLLM AL +0.08 to
-# +0.16 over 280 x 4 on the three splits. In fp32 (AVX2-only CPUs) vLLM generates 2-3x slower,
-# so the data stays at 280 x 4 and eval serves 8 prompts per split instead of 16: an Intel Xeon
-# restricted to AVX2 took 23.5 min with 16 (demo9-avx2), 11.2 of them in eval.
+# after 340 x 4 epochs), so each tier buys as many as its CPU affords in 20 minutes (README,
+# "`make demo`", has the timings): where bf16 runs on AMX tiles (or a GPU), 600 templated
+# problems x 3 epochs (demo9: 16.6 min on an Intel Xeon with AMX); where it runs on AVX512-BF16
+# alone, every stage is ~1.6x slower and 600 took 20.4 min (demo12, AMD EPYC), so 500; in fp32
+# (AVX2-only CPUs) vLLM generates 2-3x slower still: 280 x 4 and 8 eval prompts per split.
 BF16_OVERRIDES = ["data.max_samples=600", "train.epochs=3"]
+BF16_NO_AMX_OVERRIDES = ["data.max_samples=500", "train.epochs=3"]
 FP32_OVERRIDES = ["eval.num_prompts=8"]
 
 
@@ -83,12 +84,15 @@ def main() -> int:
 
 
 def demo_overrides() -> list[str]:
-    """The demo's budget for this machine: BF16_OVERRIDES on top where `auto` resolves to bf16,
-    else FP32_OVERRIDES."""
+    """The demo's budget for this machine: where `auto` resolves to bf16, BF16_OVERRIDES on top
+    (BF16_NO_AMX_OVERRIDES on a CPU without AMX tiles), else FP32_OVERRIDES."""
     from draftkit.core import hardware
 
-    native = hardware.resolve("auto") == "bfloat16"
-    return [*DEMO_OVERRIDES, *(BF16_OVERRIDES if native else FP32_OVERRIDES)]
+    if hardware.resolve("auto") != "bfloat16":
+        return [*DEMO_OVERRIDES, *FP32_OVERRIDES]
+    hw = hardware.detect()
+    amx = hw.device != "cpu" or "amx_bf16" in hw.cpu_flags
+    return [*DEMO_OVERRIDES, *(BF16_OVERRIDES if amx else BF16_NO_AMX_OVERRIDES)]
 
 
 def _summary(report: dict) -> dict:

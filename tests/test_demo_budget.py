@@ -1,5 +1,6 @@
 """scripts/demo.py's budget: every override is a valid config key of the smollm2 run, and the
-bigger data applies only where `auto` resolves to bf16 (fp32-only CPUs keep the small one)."""
+bigger data applies only where `auto` resolves to bf16 (fp32-only CPUs keep the small one), the
+biggest where bf16 runs on AMX tiles."""
 
 from __future__ import annotations
 
@@ -15,10 +16,15 @@ def demo():
     return script("demo")
 
 
-@pytest.mark.parametrize("dtype,samples,epochs,prompts",
-                         [("bfloat16", 600, 3, 16), ("float32", 280, 4, 8)])
-def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, samples, epochs,
+@pytest.mark.parametrize("dtype,flags,samples,epochs,prompts",
+                         [("bfloat16", ("avx512_bf16", "amx_bf16"), 600, 3, 16),
+                          ("bfloat16", ("avx512_bf16",), 500, 3, 16),
+                          ("float32", ("avx2",), 280, 4, 8)])
+def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags, samples, epochs,
                                                 prompts):
+    cpu = hardware.Hardware(device="cpu", cpu_model="test", cpu_flags=flags,
+                            torch_cpu_capability="AVX512", torch_cpu_bf16=dtype == "bfloat16")
+    monkeypatch.setattr(hardware, "detect", lambda: cpu)
     monkeypatch.setattr(hardware, "resolve", lambda name, *a, **k: dtype)
     cfg = resolve("smollm2-135m", "math", overrides=demo.demo_overrides())
     assert (cfg.data.max_samples, cfg.train.epochs, cfg.eval.num_prompts) == (samples, epochs,
