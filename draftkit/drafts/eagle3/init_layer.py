@@ -111,11 +111,10 @@ def init_from_target_layer(draft, tensors: dict[str, torch.Tensor], layer: int,
     if index > 0:  # a plain decoder layer: q/k/v whole, input_layernorm on the hidden stream
         pairs.update({n: n for n in _HIDDEN_HALF})
         pairs["input_layernorm.weight"] = "input_layernorm.weight"
-        for src, dst in pairs.items():
-            _copy(own[dst], _need(tensors, src, layer), dst)
-        return
     for src, dst in pairs.items():
         _copy(own[dst], _need(tensors, src, layer), dst)
+    if index > 0:
+        return
     for name in _HIDDEN_HALF:
         _copy(own[name][:, h:], _need(tensors, name, layer), name)  # [out, H] of [out, 2H]
     aux = list(draft.spec.aux_layer_ids)
