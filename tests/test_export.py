@@ -50,7 +50,8 @@ def test_export_writes_the_speculators_dir(best):
     layer = cfg["transformer_layer_config"]
     assert (layer["model_type"], layer["num_hidden_layers"], layer["vocab_size"]) == ("llama", 1, 512)
     assert json.loads((out / "speculative_config.json").read_text()) == {
-        "method": "eagle3", "model": ".", "num_speculative_tokens": 3}  # relocatable
+        "method": "eagle3", "model": ".", "num_speculative_tokens": 3,
+        "draft_sample_method": "probabilistic"}  # relocatable
     assert load_speculative_config(out)["model"] == str(out)
     assert sc["verifier"]["name_or_path"] == "tiny-llama" and cfg["draftkit"]["target"] == "tiny-llama"
     for served in ("config.json", "speculative_config.json", "README.md"):  # no local path

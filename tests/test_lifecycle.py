@@ -193,7 +193,8 @@ def test_export_is_served_by_vllm_with_matching_al(run, tiny_target):
         api.train(run)
     out = api.export(run, overrides=["export.check=true"])
     spec = json.loads((out / "speculative_config.json").read_text())
-    assert spec == {"method": "eagle3", "model": ".", "num_speculative_tokens": 3}  # relocatable
+    assert spec == {"method": "eagle3", "model": ".", "num_speculative_tokens": 3,
+                    "draft_sample_method": "probabilistic"}  # relocatable
     cfg = json.loads((out / "config.json").read_text())
     assert "model_type" not in cfg and cfg["speculators_model_type"] == "eagle3"
     for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):

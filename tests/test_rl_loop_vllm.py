@@ -6,6 +6,8 @@ validation without vLLM."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from _rl_helpers import make_run
@@ -66,13 +68,13 @@ def test_loop_updates_policy_in_engine_and_refreshes_draft(tmp_path, tiny_target
     assert (run / "drafts" / "v0001").is_dir()
     png = grpo_loop.plot({"refresh": out / "log.jsonl"}, tmp_path / "plot.png")
     assert png.stat().st_size > 1000
-    assert (out / "meta.json").is_file()
+    # rollouts at T=1 draft as the draft run says (its default: sampled from the head)
+    assert json.loads((out / "meta.json").read_text())["speculative"][
+        "draft_sample_method"] == "probabilistic"
     assert torch.is_tensor(tiny_target.model.lm_head.weight)  # the shared fixture untouched
 
 
 def test_samples_advantages_rollout_rows_and_plot(tmp_path):
-    import json
-
     rows = [{"prompt_ids": [1, 2], "response_ids": r, "reward": w, "temperature": 1.0}
             for r, w in (([3], 1.0), ([4], 0.0), ([], 0.0), ([5, 6], 0.0))]
     todo, rewards = grpo_loop.samples(rows, group_size=2)

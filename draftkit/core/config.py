@@ -55,6 +55,11 @@ class TargetConfig:
 class DraftConfig:
     kind: str = "eagle3"  # eagle3 | draft-lm
     num_speculative_tokens: int = 3  # k; 3 was best in the NeMo-RL study
+    # how vLLM drafts at T > 0 (its speculative_config.draft_sample_method): greedy (vLLM's
+    # default) = the draft's argmax, accepted with the target's p(x); probabilistic = sampled
+    # from the draft, accepted with sum min(p, q): +0.15-0.25 AL at T=1 on the demo's head
+    # (scripts/bench_draft_sampling.py). Lossless both; at T = 0 both draft the argmax.
+    draft_sample_method: str = "probabilistic"
     aux_layer_ids: list[int] = field(default_factory=list)  # vLLM convention; [] = [2, N//2, N-3]
     draft_vocab_size: int = 0  # 0 = derived from the target vocab (see init.draft_vocab_rule)
     # The single decoder layer (speculators `transformer_layer_config`), derived from the target.

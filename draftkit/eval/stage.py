@@ -197,7 +197,8 @@ def measure_grid(cfg, grid: list[tuple[str, int | None]], exports: dict[str, Pat
     rows, outputs, split_rows = [], {}, []
     every = [*prompts, *(q for qs in extra.values() for q in qs)]  # engine sized for all
     for method, k in tqdm(grid, desc="vLLM engines", unit="engine"):
-        spec = vllm_engine.speculative_config(method, k, exports.get(method))
+        spec = vllm_engine.speculative_config(method, k, exports.get(method),
+                                              cfg.draft.draft_sample_method)
         with started(vllm_engine.run_engine_spec(cfg, spec, every)) as llm:
             vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
             for temp in e.temperatures:
@@ -246,7 +247,7 @@ def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
     prompts = prompts[:n]
     if hardware.resolve(e.dtype, key="eval.dtype") == "float32" and 0.0 in e.temperatures:
         plain, spec = outputs[("none", None, 0.0, b)][:n], outputs[(kind, k, 0.0, b)][:n]
-        # (batch-1 rows may have served fewer: eval.latency_prompts; compare counts what is here)
+        # both are batch-1 rows: under eval.latency_prompts < n they hold the same fewer prompts
         source = "reused"
     else:
         params = vllm_engine.sampling(0.0, e.max_new_tokens)

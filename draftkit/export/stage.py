@@ -71,7 +71,8 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
                              {"export_s": time.perf_counter() - t0}, source=str(best),
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
-    sc = {**speculative_config(spec.num_speculative_tokens), "model": str(out)}
+    sc = {**speculative_config(spec.num_speculative_tokens, sample=cfg.draft.draft_sample_method),
+          "model": str(out)}
     print(f"exported {out}\n  vllm serve {_target_ref(spec)} --speculative-config "
           f"'{json.dumps(sc)}'")
     check_in_vllm(run, out)
@@ -113,9 +114,11 @@ def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
                             "fixing the run config, or export the run it was trained in.")
 
 
-def speculative_config(k: int, method: str = "eagle3") -> dict:
-    """speculative_config.json: the draft is this directory ("."), wherever it was moved."""
-    return {"method": method, "model": ".", "num_speculative_tokens": k}
+def speculative_config(k: int, method: str = "eagle3", sample: str = "greedy") -> dict:
+    """speculative_config.json: the draft is this directory ("."), wherever it was moved;
+    `sample` = draft.draft_sample_method (vllm_engine.draft_sampling)."""
+    return {"method": method, "model": ".", "num_speculative_tokens": k,
+            **vllm_engine.draft_sampling(sample)}
 
 
 def load_speculative_config(export_dir: str | Path) -> dict:
@@ -143,7 +146,8 @@ def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -
     artifacts.write_bytes_atomic(tmp / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec))
     artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                speculative_config(spec.num_speculative_tokens))
+                                speculative_config(spec.num_speculative_tokens,
+                                                   sample=cfg.draft.draft_sample_method))
     artifacts.write_text_atomic(tmp / "README.md", readme(out.name, spec, cfg))
 
 
@@ -152,7 +156,8 @@ def _target_ref(spec: fmt.DraftSpec) -> str:
 
 
 def readme(name: str, spec: fmt.DraftSpec, cfg) -> str:
-    sc = json.dumps({**speculative_config(spec.num_speculative_tokens),
+    sc = json.dumps({**speculative_config(spec.num_speculative_tokens,
+                                          sample=cfg.draft.draft_sample_method),
                      "model": f"/path/to/{name}"})
     target = _target_ref(spec)
     flags = ", ".join(f"{f}={getattr(spec, f)}" for f in fmt.NORM_FLAGS)

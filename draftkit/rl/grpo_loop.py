@@ -112,8 +112,9 @@ def speculative_config(cfg: LoopConfig) -> dict | None:
 
     if cfg.draft == "ngram":
         return vllm_engine.ngram_config(cfg.k)
-    if cfg.draft == "eagle3":
-        return vllm_engine.eagle3_config(DraftStore(cfg.draft_run).current_dir(), cfg.k)
+    if cfg.draft == "eagle3":  # drafted as the draft run says (draft.draft_sample_method)
+        sample = config.load(cfg.draft_run).draft.draft_sample_method
+        return vllm_engine.eagle3_config(DraftStore(cfg.draft_run).current_dir(), cfg.k, sample)
     return None
 
 

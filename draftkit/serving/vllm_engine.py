@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftkit.core import hardware
+from draftkit.core.config import ConfigError
 from draftkit.core.errors import DraftkitError
 from draftkit.eval.counters import SpecCounters, target_steps, tokens_per_step
 
@@ -149,15 +150,17 @@ def measure(llm, prompt_ids: list[list[int]], params, batch_size: int) -> dict:
             "spec": spec.as_dict() if spec.drafts else None, "outputs": gen.token_ids}
 
 
-def speculative_config(method: str, k: int | None, draft_dir: str | Path | None) -> dict | None:
-    """vLLM's `speculative_config` for a method: none (None) | ngram | eagle3 | draft_model."""
+def speculative_config(method: str, k: int | None, draft_dir: str | Path | None,
+                       sample: str = "greedy") -> dict | None:
+    """vLLM's `speculative_config` for a method: none (None) | ngram | eagle3 | draft_model;
+    `sample` = how a draft's tokens are drafted at T > 0 (draft_sampling)."""
     if method == "none":
         return None
     if method == "ngram":
         return ngram_config(k)
     if method == "eagle3":
-        return eagle3_config(draft_dir, k)
-    return draft_model_config(draft_dir, k)
+        return eagle3_config(draft_dir, k, sample)
+    return draft_model_config(draft_dir, k, sample)
 
 
 def run_engine_spec(cfg, speculative: dict | None, prompts: list[list[int]],
@@ -184,9 +187,25 @@ def ngram_config(k: int) -> dict:
             "prompt_lookup_min": 2}
 
 
-def eagle3_config(draft_dir: str | Path, k: int) -> dict:
-    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
+def eagle3_config(draft_dir: str | Path, k: int, sample: str = "greedy") -> dict:
+    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k,
+            **draft_sampling(sample)}
 
 
-def draft_model_config(draft_dir: str | Path, k: int) -> dict:
-    return {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k}
+def draft_model_config(draft_dir: str | Path, k: int, sample: str = "greedy") -> dict:
+    return {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k,
+            **draft_sampling(sample)}
+
+
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+def draft_sampling(sample: str) -> dict:
+    """vLLM's `draft_sample_method` (draft.draft_sample_method): greedy (vLLM's default, left
+    out) drafts the argmax and verifies it as one-hot, accepting with the target's p(x);
+    probabilistic samples from the draft at the request's temperature and verifies against its
+    probabilities, accepting with sum min(p, q). Both lossless; at T = 0 both draft the argmax."""
+    if sample not in DRAFT_SAMPLE_METHODS:
+        raise ConfigError(f"draft.draft_sample_method={sample!r}; choose one of "
+                          f"{', '.join(DRAFT_SAMPLE_METHODS)}")
+    return {} if sample == "greedy" else {"draft_sample_method": sample}

@@ -68,7 +68,7 @@ def export(run) -> Path:
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
     print(f"exported {out}\n  vllm serve {target_ref(cfg)} --speculative-config "
-          f"'{json.dumps(vllm_engine.draft_model_config(out, k))}'")
+          f"'{json.dumps(vllm_engine.draft_model_config(out, k, cfg.draft.draft_sample_method))}'")
     stage.check_in_vllm(run, out)
     return out
 
@@ -78,7 +78,8 @@ def write_files(tmp: Path, final: Path, lm, tokenizer, cfg) -> None:
     lm.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                speculative_config(cfg.draft.num_speculative_tokens, "draft_model"))
+                                speculative_config(cfg.draft.num_speculative_tokens, "draft_model",
+                                                   cfg.draft.draft_sample_method))
     artifacts.write_text_atomic(tmp / "README.md", readme(final, cfg, lm))
 
 
@@ -87,7 +88,8 @@ def num_params(lm: torch.nn.Module) -> int:
 
 
 def readme(out: Path, cfg, lm) -> str:
-    sc = json.dumps({**speculative_config(cfg.draft.num_speculative_tokens, "draft_model"),
+    sc = json.dumps({**speculative_config(cfg.draft.num_speculative_tokens, "draft_model",
+                                          cfg.draft.draft_sample_method),
                      "model": f"/path/to/{out.name}"})
     target = target_ref(cfg)
     d = cfg.draft
