@@ -53,6 +53,31 @@ def add_grid_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results")
 
 
+def serve_splits(cfg, method: str, k: int | None, spec: dict | None,
+                 prompts: dict[str, list[list[int]]], temps: list[float], batch: int
+                 ) -> list[dict]:
+    """One vLLM engine (speculative config `spec`, sized for every prompt) serving every split
+    at every temperature (T > 0 seeded by eval.seed) at `batch`: eval/stage.row's rows, each
+    with its split."""
+    from draftkit.eval import stage
+    from draftkit.serving import vllm_engine
+
+    e = cfg.eval
+    every = [q for qs in prompts.values() for q in qs]
+    rows = []
+    es = vllm_engine.run_engine_spec(cfg, spec, every, batch_size=batch)
+    with stage.started(es) as llm:
+        vllm_engine.generate(llm, every[:1], vllm_engine.sampling(0.0, 8))  # warm-up
+        for temp in temps:
+            params = vllm_engine.sampling(temp, e.max_new_tokens,
+                                          seed=e.seed if temp > 0 else None)
+            for split, qs in prompts.items():
+                m = vllm_engine.measure(llm, qs, params, batch_size=batch)
+                m.pop("outputs")
+                rows.append({"split": split, **stage.row(method, k, temp, m)})
+    return rows
+
+
 def fmt(x, spec: str = ".2f") -> str:
     """A table cell: `x` formatted, "–" where it was not measured."""
     return "–" if x is None else format(x, spec)

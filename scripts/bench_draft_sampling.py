@@ -60,29 +60,18 @@ def main() -> int:
 
 def measure(cfg, export: Path, prompts: dict[str, list[list[int]]], temps: list[float],
             batch: int) -> list[dict]:
-    """One engine per ROWS entry, each serving every split at every temperature (T > 0 seeded
-    by the engine's eval.seed); rows carry eval/stage.row's counters + speedup vs none."""
-    from draftkit.eval import stage
+    """One engine per ROWS entry, each serving every split at every temperature
+    (_bench.serve_splits); rows carry eval/stage.row's counters + speedup vs none."""
     from draftkit.serving import vllm_engine
 
-    e, k = cfg.eval, cfg.draft.num_speculative_tokens
+    k = cfg.draft.num_speculative_tokens
     kind = "eagle3" if cfg.draft.kind == "eagle3" else "draft_model"
-    every = [q for qs in prompts.values() for q in qs]
     rows = []
     for who, sample in ROWS:
         method = kind if who == "draft" else who
         spec = vllm_engine.speculative_config(method, k, export, sample)
-        es = vllm_engine.run_engine_spec(cfg, spec, every, batch_size=batch)
-        with stage.started(es) as llm:
-            vllm_engine.generate(llm, every[:1], vllm_engine.sampling(0.0, 8))  # warm-up
-            for temp in temps:
-                params = vllm_engine.sampling(temp, e.max_new_tokens,
-                                              seed=e.seed if temp > 0 else None)
-                for split, qs in prompts.items():
-                    m = vllm_engine.measure(llm, qs, params, batch_size=batch)
-                    m.pop("outputs")
-                    rows.append({"split": split, "draft_sample_method": sample,
-                                 **stage.row(method, None if method == "none" else k, temp, m)})
+        rows += [{"draft_sample_method": sample, **r} for r in _bench.serve_splits(
+            cfg, method, None if method == "none" else k, spec, prompts, temps, batch)]
     base = {(r["split"], r["temperature"]): r["tokens_per_s"] for r in rows
             if r["method"] == "none"}
     for r in rows:

@@ -197,26 +197,15 @@ def _curve(run: Path) -> dict:
 def measure(cfg, exports: dict[str, Path], prompts: dict[str, list[list[int]]],
             temps: list[float], batch: int) -> list[dict]:
     """vLLM AL at k=3 for n-gram and every export, each engine serving every split at every
-    temperature (seeded sampling at T>0, eval.seed; drafts drafted by draft.draft_sample_method)."""
-    from draftkit.eval import stage
+    temperature (_bench.serve_splits; drafts drafted by draft.draft_sample_method)."""
     from draftkit.serving import vllm_engine
 
-    e, k = cfg.eval, 3
-    every = [q for qs in prompts.values() for q in qs]
     rows = []
     for setting, export in [("ngram", None), *exports.items()]:
         method = "ngram" if export is None else "eagle3"
-        spec = vllm_engine.speculative_config(method, k, export, cfg.draft.draft_sample_method)
-        with stage.started(vllm_engine.run_engine_spec(cfg, spec, every)) as llm:
-            vllm_engine.generate(llm, every[:1], vllm_engine.sampling(0.0, 8))  # warm-up
-            for temp in temps:
-                params = vllm_engine.sampling(temp, e.max_new_tokens,
-                                              seed=e.seed if temp > 0 else None)
-                for split, qs in prompts.items():
-                    m = vllm_engine.measure(llm, qs, params, batch_size=batch)
-                    m.pop("outputs")
-                    rows.append({"setting": setting, "split": split,
-                                 **stage.row(method, k, temp, m)})
+        spec = vllm_engine.speculative_config(method, 3, export, cfg.draft.draft_sample_method)
+        rows += [{"setting": setting, **r}
+                 for r in _bench.serve_splits(cfg, method, 3, spec, prompts, temps, batch)]
     return rows
 
 
