@@ -58,6 +58,8 @@ def test_other_splits_are_served_by_the_same_engines(report):
     assert x["rows"][2]["drafts"] > 0  # the head drafted on prompts it never saw
     md = report_mod.markdown(report)
     assert "## Other prompt splits (batch 2)" in md and "| hand-written | eagle3 | 2 |" in md
+    assert report["draft"]["sample_method"] == "probabilistic"  # the run config's default
+    assert "probabilistic drafting at T > 0" in md
     assert len(splits.HANDWRITTEN.read_text().splitlines()) >= N
 
 

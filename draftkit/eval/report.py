@@ -45,7 +45,8 @@ def markdown(rep: dict) -> str:
     s = rep["settings"]
     lines = [f"# draftkit eval: {rep['run']}", "",
              f"target `{rep['target']['name']}`, draft `{rep['draft']['kind']}` "
-             f"({rep['draft']['dir']}), {s['prompts']} eval prompts (mean "
+             f"({rep['draft']['dir']}; {rep['draft'].get('sample_method', 'greedy')} drafting "
+             f"at T > 0), {s['prompts']} eval prompts (mean "
              f"{s['mean_prompt_tokens']:.0f} tokens), max_new_tokens {s['max_new_tokens']}, "
              f"vLLM dtype {s['dtype']} (reference decoder and costs: torch fp32), seed "
              f"{s['seed']}, {rep['created']}", ""]

@@ -148,12 +148,14 @@ def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> di
         "run": cfg.name, "run_dir": str(run_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "target": {"name": cfg.target.name, "hidden_size": cfg.target.hidden_size,
                    "vocab_size": cfg.target.vocab_size},
-        "draft": {"kind": cfg.draft.kind, "dir": str(export_dir)},
+        "draft": {"kind": cfg.draft.kind, "dir": str(export_dir),
+                  "sample_method": cfg.draft.draft_sample_method},
         "hardware": hardware.summary(),
         "settings": {"engine": e.engine, "k_values": list(e.k_values),
                      "temperatures": list(e.temperatures), "batch_sizes": list(e.batch_sizes),
                      "prompts": len(prompts), "max_new_tokens": e.max_new_tokens,
-                     "dtype": hardware.resolve(e.dtype, key="eval.dtype"), "seed": e.seed, "reference_prompts": e.reference_prompts,
+                     "dtype": hardware.resolve(e.dtype, key="eval.dtype"), "seed": e.seed,
+                     "reference_prompts": e.reference_prompts,
                      "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts)},
     }
 
