@@ -28,7 +28,7 @@ demo: setup
 	$(BIN)/python scripts/demo.py --dir $(DEMO_DIR) --name $(RUN)
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not dist" tests

@@ -72,6 +72,9 @@ DATA_SETTINGS = {
     "data-magpie": ["data.max_samples=140", "data.self_instruct=200"],
     "data-regen-t1": ["data.regen_temperature=1.0"],
     "data-2x": ["data.max_samples=560", "data.self_instruct=120", "train.epochs=2"],
+    # twice the bf16 demo's 500 + 60, same 3 epochs: about one CPU-hour of prepare, harvest and
+    # training together on 2 cores, the budget of #15's benchmark goal
+    "data-1120": ["data.max_samples=1000", "data.self_instruct=120"],
 }
 
 

@@ -1,13 +1,13 @@
 """scripts/demo.py's budget: every override is a valid config key of the smollm2 run, and the
 bigger data applies only where `auto` resolves to bf16 (fp32-only CPUs keep the small one), the
-biggest where bf16 runs on AMX tiles."""
+biggest where bf16 runs on AMX tiles. Every bench_learning.py setting is a valid override set."""
 
 from __future__ import annotations
 
 import pytest
 from _runs import script
 
-from draftkit.core import hardware
+from draftkit.core import config, hardware
 from draftkit.core.init import resolve
 
 
@@ -30,3 +30,14 @@ def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags,
     assert (cfg.data.max_samples, cfg.train.epochs, cfg.eval.num_prompts) == (samples, epochs,
                                                                               prompts)
     assert cfg.eval.splits == ["seen-templates", "hand-written"] and not cfg.export.check
+
+
+def test_every_bench_learning_setting_is_a_valid_override_set():
+    bench = script("bench_learning")
+    settings = {**bench.SETTINGS, **bench.OWN_STAGES}
+    assert set(bench.DATA_SETTINGS) | set(bench.HARVEST_SETTINGS) == set(bench.OWN_STAGES)
+    for name, overrides in settings.items():
+        cfg = resolve("smollm2-135m", "math", overrides=overrides)
+        for section, fields in config.parse_overrides(overrides).items():
+            for field, value in fields.items():
+                assert getattr(getattr(cfg, section), field) == value, (name, section, field)
