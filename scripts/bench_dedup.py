@@ -42,10 +42,11 @@ def main() -> int:
     evals = [json.loads(m) for m in datasets.load_from_disk(str(run / "data" / "eval"))["messages"]]
     stats = artifacts.read_json(run / "data" / "stats.json")
     views = {"prompt": _prompt, "answer": _answer, "prompt skeleton (numbers masked)": _skeleton}
-    best = {name: _nearest([_shingles(f(c)) for c in train]) for name, f in views.items()}
-    train_sk = [_shingles(_skeleton(c)) for c in train]
-    best["eval prompt skeleton vs train"] = [max(_jaccard(_shingles(_skeleton(c)), t)
-                                                 for t in train_sk) for c in evals]
+    sets = {name: [_shingles(f(c)) for c in train] for name, f in views.items()}
+    best = {name: _nearest(s) for name, s in sets.items()}
+    best["eval prompt skeleton vs train"] = [
+        max(_jaccard(_shingles(_skeleton(c)), t) for t in sets["prompt skeleton (numbers masked)"])
+        for c in evals]
     dropped = {name: s.get("dropped", {}) for name, s in stats["load"]["sources"].items()
                if "dropped" in s}
     bench = {"run": str(run), "train": len(train), "eval": len(evals), "ngram": N,
