@@ -53,6 +53,10 @@ SETTINGS = {
     "ttt-2": ["train.ttt_steps=2"],
     "ttt-decay-1": ["train.ttt_decay=1.0"],
     "vocab-2048": ["draft.draft_vocab_size=2048"],
+    # room for the words answers copy from unseen prompts (slots past the train tokens fill by
+    # the tokenizer's merge order: lower id first)
+    "vocab-8192": ["draft.draft_vocab_size=8192"],
+    "vocab-16384": ["draft.draft_vocab_size=16384"],
     # regularisers against the demo's generalisation gap (train sim AL 2.37 vs eval 1.97)
     "noise-0.05": ["train.feature_noise=0.05"],
     "noise-0.2": ["train.feature_noise=0.2"],

@@ -1,6 +1,7 @@
 """scripts/demo.py's budget: every override is a valid config key of the smollm2 run, and the
 bigger data applies only where `auto` resolves to bf16 (fp32-only CPUs keep the small one), the
-biggest where bf16 runs on AMX tiles. Every bench_learning.py setting is a valid override set."""
+biggest where bf16 runs on AMX tiles. Every bench_learning.py setting is a valid override set;
+bench_vocab.py counts the answer tokens a draft vocab cannot propose."""
 
 from __future__ import annotations
 
@@ -41,3 +42,17 @@ def test_every_bench_learning_setting_is_a_valid_override_set():
         for section, fields in config.parse_overrides(overrides).items():
             for field, value in fields.items():
                 assert getattr(getattr(cfg, section), field) == value, (name, section, field)
+
+
+def test_bench_vocab_counts_answer_tokens_outside_the_draft_vocab():
+    import torch
+
+    from draftkit.drafts.eagle3.vocab import DraftVocab
+
+    t2d = DraftVocab.build(torch.tensor([0, 5, 4, 3, 0, 0, 2, 1]), 3, must_include=[7]).t2d
+    assert t2d.nonzero().flatten().tolist() == [1, 2, 7]
+    # answers (mask 1): [3, 2, 5] and [6, 1, 7]; 3, 5, 6 are outside, 3 and 6 in their prompt
+    got = script("bench_vocab").coverage(
+        [[3, 9, 3, 2, 5], [6, 4, 6, 1, 7]], [[0, 0, 1, 1, 1], [0, 0, 1, 1, 1]],
+        [[3, 9], [6, 4]], t2d)
+    assert got == {"tokens": 6, "outside": 3, "outside_share": 0.5, "outside_in_prompt": 2}
