@@ -51,6 +51,9 @@ SETTINGS = {
     "lr-2e-3": ["train.lr=2e-3"],
     "batch-4096": ["train.batch_tokens=4096"],
     "ttt-2": ["train.ttt_steps=2"],
+    # more passes over the same data (no prepare or harvest cost): the schedule stretches
+    "epochs-5": ["train.epochs=5"],
+    "epochs-8": ["train.epochs=8"],
     "ttt-decay-1": ["train.ttt_decay=1.0"],
     "vocab-2048": ["draft.draft_vocab_size=2048"],
     # room for the words answers copy from unseen prompts (slots past the train tokens fill by

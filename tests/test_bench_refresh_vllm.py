@@ -24,6 +24,10 @@ def test_config_needs_policy_and_rollouts():
     cfg = bench.load_config(["draft_run=r", "policy_vn=p", "rollouts=[a.jsonl]",
                              "temperatures=[1.0]"])
     assert cfg.rollouts == ["a.jsonl"] and cfg.temperatures == [1.0]
+    assert cfg.draft_sampling == "greedy"  # what the committed results were measured with
+    with pytest.raises(DraftkitError, match="choose one of greedy, probabilistic"):
+        bench.load_config(["draft_run=r", "policy_vn=p", "rollouts=[a.jsonl]",
+                           "draft_sampling=sampled"])
 
 
 def _policy_vn(tiny_target, path):
@@ -56,6 +60,7 @@ def test_bench_smoke(tmp_path, tiny_target):
                         "policy_v0=tiny-llama", f"policy_vn={tmp_path / 'vn'}",
                         f"rollouts=[{rollouts}]", "prompts=4", "max_tokens=16", "batch_size=4",
                         "max_model_len=512", f"work_dir={tmp_path / 'work'}",
+                        "draft_sampling=probabilistic",  # the product's default drafting
                         "refresh_overrides=[refresh.budget_steps=10, refresh.lr=3e-3,"
                         " refresh.min_gain=-1]"])
     result = json.loads((tmp_path / "out" / "bench_refresh.json").read_text())
@@ -63,6 +68,7 @@ def test_bench_smoke(tmp_path, tiny_target):
     for row in result["rows"].values():
         assert set(row) == {"T=1", "T=0"}
         assert all(r["tokens_per_s"] > 0 and r["al"] >= 1.0 for r in row.values())
+    assert result["config"]["draft_sampling"] == "probabilistic"
     assert result["rows"]["none"]["T=0"]["al"] == 1.0  # no speculation, no drafts
     assert result["rows"]["none"]["T=0"]["tokens_per_step"] == 1.0
     for name in ("stale", "refreshed"):  # EAGLE-3 drafts every step: tok/step ~ its AL

@@ -71,8 +71,7 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
                              {"export_s": time.perf_counter() - t0}, source=str(best),
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
-    sc = {**speculative_config(spec.num_speculative_tokens, sample=cfg.draft.draft_sample_method),
-          "model": str(out)}
+    sc = _run_speculative_config(spec, cfg, model=str(out))
     print(f"exported {out}\n  vllm serve {_target_ref(spec)} --speculative-config "
           f"'{json.dumps(sc)}'")
     check_in_vllm(run, out)
@@ -121,6 +120,12 @@ def speculative_config(k: int, method: str = "eagle3", sample: str = "greedy") -
             **vllm_engine.draft_sampling(sample)}
 
 
+def _run_speculative_config(spec: fmt.DraftSpec, cfg, model: str = ".") -> dict:
+    """`speculative_config` of this head under the run's draft.draft_sample_method, `model` as given."""
+    return {**speculative_config(spec.num_speculative_tokens, sample=cfg.draft.draft_sample_method),
+            "model": model}
+
+
 def load_speculative_config(export_dir: str | Path) -> dict:
     """An export's speculative_config.json with `model` resolved against the export dir."""
     export_dir = Path(export_dir)
@@ -145,9 +150,7 @@ def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     artifacts.write_bytes_atomic(tmp / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec))
-    artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                speculative_config(spec.num_speculative_tokens,
-                                                   sample=cfg.draft.draft_sample_method))
+    artifacts.write_json_atomic(tmp / "speculative_config.json", _run_speculative_config(spec, cfg))
     artifacts.write_text_atomic(tmp / "README.md", readme(out.name, spec, cfg))
 
 
@@ -156,9 +159,7 @@ def _target_ref(spec: fmt.DraftSpec) -> str:
 
 
 def readme(name: str, spec: fmt.DraftSpec, cfg) -> str:
-    sc = json.dumps({**speculative_config(spec.num_speculative_tokens,
-                                          sample=cfg.draft.draft_sample_method),
-                     "model": f"/path/to/{name}"})
+    sc = json.dumps(_run_speculative_config(spec, cfg, model=f"/path/to/{name}"))
     target = _target_ref(spec)
     flags = ", ".join(f"{f}={getattr(spec, f)}" for f in fmt.NORM_FLAGS)
     return f"""# EAGLE-3 draft for {cfg.target.name}

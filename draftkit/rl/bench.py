@@ -51,6 +51,9 @@ class BenchConfig:
     max_tokens: int = 128
     temperatures: list[float] = field(default_factory=lambda: [1.0, 0.0])
     k: int = 3
+    # vLLM's draft_sample_method for every EAGLE-3 row (draft.draft_sample_method); the
+    # committed results/bench_refresh*.json were measured with greedy drafting
+    draft_sampling: str = "greedy"
     batch_size: int = 16
     dtype: str = "float32"
     max_model_len: int = 1024
@@ -62,6 +65,9 @@ class BenchConfig:
             raise DraftkitError(f"bench_refresh needs draft_run, policy_vn and rollouts (missing: "
                                 f"{', '.join(missing + ([] if self.rollouts else ['rollouts']))});"
                                 " rl_loop.py writes <out>/policy and <out>/rollouts")
+        from draftkit.serving.vllm_engine import draft_sampling
+
+        draft_sampling(self.draft_sampling)  # a clear error before any engine starts
         return self
 
 
@@ -149,10 +155,13 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
             model=model, dtype=cfg.dtype, max_model_len=cfg.max_model_len, seed=cfg.seed,
             speculative_config=spec, extra=policy_sync.engine_kwargs()))
 
+    def eagle3(draft_dir) -> dict:
+        return vllm_engine.eagle3_config(draft_dir, cfg.k, cfg.draft_sampling)
+
     rows, swap = {}, {}
-    with engine(v0, vllm_engine.eagle3_config(v0_draft, cfg.k)) as llm:
+    with engine(v0, eagle3(v0_draft)) as llm:
         rows["v0/v0"] = measure(llm, prompts, cfg)
-    with engine(vn, vllm_engine.eagle3_config(v0_draft, cfg.k)) as llm:
+    with engine(vn, eagle3(v0_draft)) as llm:
         rows["stale"] = measure(llm, prompts, cfg)
         t0 = time.perf_counter()
         report = drafter_swap.swap_into(llm, refreshed["dir"], kinds.get("eagle3"),
@@ -161,8 +170,7 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
                 "restart": False}
         rows["refreshed"] = measure(llm, prompts, cfg)
     if cfg.scratch_run:
-        with engine(vn, vllm_engine.eagle3_config(Path(cfg.scratch_run) / "export",
-                                                  cfg.k)) as llm:
+        with engine(vn, eagle3(Path(cfg.scratch_run) / "export")) as llm:
             rows["scratch"] = measure(llm, prompts, cfg)
     with engine(vn, vllm_engine.ngram_config(cfg.k)) as llm:
         rows["ngram"] = measure(llm, prompts, cfg)
