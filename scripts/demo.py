@@ -40,12 +40,12 @@ DEMO_OVERRIDES = [
 # after 340 x 4 epochs), so each tier buys as many as its CPU affords in 20 minutes (README,
 # "`make demo`", has the timings): where bf16 runs on AMX tiles (or a GPU), 600 templated
 # problems x 3 epochs (demo9: 16.6 min on an Intel Xeon with AMX); where it runs on AVX512-BF16
-# alone, every stage is ~1.6x slower and 600 took 20.4 min (demo12, AMD EPYC); there more
-# passes over fewer problems buy more AL per second than more problems (bench_learning epochs-5:
-# +0.08 to +0.11 vLLM AL over 3 epochs of the same 560, for ~170 s), so 400 x 5; in fp32
-# (AVX2-only CPUs) vLLM generates 2-3x slower still: 280 x 4 and 8 eval prompts per split.
+# alone, every stage is ~1.6x slower and 600 took 20.4 min (demo12, AMD EPYC), so 500 x 3
+# (400 x 5, for bench_learning's epochs finding, took 21.0 min and moved unseen-template AL by
+# +0.03 to +0.05: demo16); in fp32 (AVX2-only CPUs) vLLM generates 2-3x slower still: 280 x 4
+# and 8 eval prompts per split.
 BF16_OVERRIDES = ["data.max_samples=600", "train.epochs=3"]
-BF16_NO_AMX_OVERRIDES = ["data.max_samples=400", "train.epochs=5"]
+BF16_NO_AMX_OVERRIDES = ["data.max_samples=500", "train.epochs=3"]
 FP32_OVERRIDES = ["eval.num_prompts=8"]
 
 
