@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,6 +41,15 @@ def link_run(src: Path, run: Path, edit: Callable | None = None) -> None:
     artifacts.write_text_atomic(run / config.CONFIG_NAME, config.dump(cfg))
     for stage in ("data", "harvest"):
         link_tree(src / stage, run / stage)
+
+
+def prepared_run(path: str) -> Path | None:
+    """`path` as a run dir whose data/ is prepared, else None after an error naming the fix."""
+    run = Path(path)
+    if not (run / "data" / "meta.json").is_file():
+        print(f"error: {run} has no prepared data; run `make demo` first", file=sys.stderr)
+        return None
+    return run
 
 
 def add_grid_args(p: argparse.ArgumentParser) -> None:

@@ -34,9 +34,8 @@ def main() -> int:
 
     from draftkit.core import artifacts
 
-    run = Path(args.run)
-    if not (run / "data" / "meta.json").is_file():
-        print(f"error: {run} has no prepared data; run `make demo` first", file=sys.stderr)
+    run = _bench.prepared_run(args.run)
+    if run is None:
         return 2
     train = [json.loads(m) for m in datasets.load_from_disk(str(run / "data" / "train"))["messages"]]
     evals = [json.loads(m) for m in datasets.load_from_disk(str(run / "data" / "eval"))["messages"]]

@@ -38,9 +38,8 @@ def main() -> int:
     from draftkit.target.load import run_target_dir
     from draftkit.target.tokens import end_of_turn_ids
 
-    run = Path(args.run)
-    if not (run / "data" / "meta.json").is_file():
-        print(f"error: {run} has no prepared data; run `make demo` first", file=sys.stderr)
+    run = _bench.prepared_run(args.run)
+    if run is None:
         return 2
     cfg = config.load(run)
     counts = load_token_counts(run / "data")
