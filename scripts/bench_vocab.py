@@ -13,6 +13,7 @@ Writes results/bench_vocab.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -32,24 +33,25 @@ def main() -> int:
     import datasets
 
     from draftkit.core import config
-    from draftkit.drafts.eagle3.vocab import DraftVocab
+    from draftkit.core.artifacts import RunPaths
     from draftkit.prepare.dataset import load_token_counts
     from draftkit.prepare.stage import load_tokenizer
     from draftkit.target.load import run_target_dir
-    from draftkit.target.tokens import end_of_turn_ids
+    from draftkit.train.stage import _load_vocab
 
     run = _bench.prepared_run(args.run)
     if run is None:
         return 2
     cfg = config.load(run)
     counts = load_token_counts(run / "data")
-    must = end_of_turn_ids(load_tokenizer(run_target_dir(cfg.target)))
+    tok = load_tokenizer(run_target_dir(cfg.target))
     splits = {s: datasets.load_from_disk(str(run / "data" / s)) for s in ("train", "eval")}
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
         if size > counts.numel():
             continue
-        t2d = DraftVocab.build(counts, size, must_include=must).t2d
+        sized = dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, draft_vocab_size=size))
+        t2d = _load_vocab(sized, [RunPaths(run)], tok).t2d  # the vocab train would build
         row = {"draft_vocab_size": size}
         for name, ds in splits.items():
             row[name] = coverage(ds["input_ids"], ds["loss_mask"], ds["prompt_ids"], t2d)
@@ -74,7 +76,8 @@ def coverage(input_ids: list[list[int]], loss_mask: list[list[int]],
         answer = torch.tensor(ids)[torch.tensor(mask, dtype=torch.bool)]
         missed = answer[~t2d[answer]].tolist()
         total, miss = total + answer.numel(), miss + len(missed)
-        in_prompt += sum(t in set(prompt) for t in missed)
+        prompt_set = set(prompt)
+        in_prompt += sum(t in prompt_set for t in missed)
     return {"tokens": total, "outside": miss, "outside_share": miss / total if total else 0.0,
             "outside_in_prompt": in_prompt}
 
