@@ -99,7 +99,7 @@ def test_swap_applies_trained_draft_and_estimate_matches_vllm(world):
     random_run = _measure(llm, world["eval"])
     random_al = random_run["spec"]["acceptance_length"]
     res = refresh(world["run"], world["policy"], [world["rollouts"]],
-                  ["refresh.budget_steps=120", "refresh.lr=2e-3", "refresh.batch_tokens=2048"])
+                  ["refresh.budget_steps=60", "refresh.lr=2e-3", "refresh.batch_tokens=2048"])
     assert res["status"] == "published" and store.current() == "v0001"
     assert drafter_swap.hash_problems(llm, KIND, store.current_dir())  # not loaded yet
     report = drafter_swap.swap_into(llm, store.current_dir(), KIND, world["eval"][:8],
