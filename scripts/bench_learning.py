@@ -106,6 +106,8 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=0, help="lr schedule length (0 = the setting's)")
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--prompts", type=int, default=0, help="eval prompts per split (0 = source's)")
+    p.add_argument("--samples", type=int, default=1, help="completions per prompt (T > 0: "
+                   "each one sampled anew, so AL averages over samples x prompts)")
     p.add_argument("--splits", default=",".join(splits.NAMES))
     p.add_argument("--temperatures", default="0", help="vLLM sampling temperatures, comma list")
     p.add_argument("--batch", type=int, default=0, help="vLLM batch size (0 = the source's "
@@ -134,13 +136,18 @@ def main() -> int:
             for name in names}
     cfg = config.open_run(src, [f"eval.num_prompts={args.prompts}"] if args.prompts else []).cfg
     prompts = splits.build(src, cfg, cfg.eval.num_prompts, tuple(args.splits.split(",")))
+    if args.samples < 1:
+        print(f"error: --samples must be >= 1, got {args.samples}", file=sys.stderr)
+        return 2
+    splits_n = {s: len(v) for s, v in prompts.items()}
+    prompts = {s: [q for q in v for _ in range(args.samples)] for s, v in prompts.items()}
     temps = [float(t) for t in args.temperatures.split(",")]
     batch = args.batch or cfg.eval.batch_sizes[0]
     rows = measure(cfg, {n: Path(r["run"]) / "export" for n, r in runs.items()}, prompts, temps,
                    batch)
     bench = {"source": str(src), "target": cfg.target.name, "hardware": hardware.summary(),
              "budget_cpu_s": args.cpu_seconds,
-             "settings": runs, "splits": {s: len(v) for s, v in prompts.items()},
+             "settings": runs, "splits": splits_n, "samples_per_prompt": args.samples,
              "vllm": {"k": 3, "temperatures": temps, "batch_size": batch,
                       "draft_sample_method": cfg.draft.draft_sample_method,
                       "max_new_tokens": cfg.eval.max_new_tokens, "rows": rows}}
@@ -219,6 +226,11 @@ def measure(cfg, exports: dict[str, Path], prompts: dict[str, list[list[int]]],
     return rows
 
 
+def _samples(bench: dict) -> str:
+    n = bench.get("samples_per_prompt", 1)
+    return f", {n} sampled completions per prompt" if n > 1 else ""
+
+
 def markdown(bench: dict) -> str:
     v, hw = bench["vllm"], bench["hardware"]
     cell = {(r["setting"], r["split"], r["temperature"]): r for r in v["rows"]}
@@ -229,7 +241,8 @@ def markdown(bench: dict) -> str:
              f"Source run {bench['source']}; {bench['budget_cpu_s']:.0f} CPU-s training budget "
              f"per setting; vLLM k={v['k']}, batch {v['batch_size']}, "
              f"{v.get('draft_sample_method', 'greedy')} drafting, {v['max_new_tokens']} new "
-             f"tokens; prompts per split {bench['splits']}. CPU: {cpu}.", "",
+             f"tokens; prompts per split {bench['splits']}"
+             f"{_samples(bench)}. CPU: {cpu}.", "",
              "Splits: unseen-templates = held-out eval templates (generalisation); "
              "seen-templates = new problems of the training templates (what RL sees); "
              "hand-written = problems written by hand, no template. Simulated AL is on each "
