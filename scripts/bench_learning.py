@@ -123,6 +123,9 @@ def main() -> int:
         if not (src / need).is_file():
             print(f"error: {src} has no {need}; run `make demo` first", file=sys.stderr)
             return 2
+    if args.samples < 1:
+        print(f"error: --samples must be >= 1, got {args.samples}", file=sys.stderr)
+        return 2
     names = args.settings.split(",")
     unknown = sorted(set(names) - set(SETTINGS) - set(OWN_STAGES))
     if unknown:
@@ -136,9 +139,6 @@ def main() -> int:
             for name in names}
     cfg = config.open_run(src, [f"eval.num_prompts={args.prompts}"] if args.prompts else []).cfg
     prompts = splits.build(src, cfg, cfg.eval.num_prompts, tuple(args.splits.split(",")))
-    if args.samples < 1:
-        print(f"error: --samples must be >= 1, got {args.samples}", file=sys.stderr)
-        return 2
     splits_n = {s: len(v) for s, v in prompts.items()}
     prompts = {s: [q for q in v for _ in range(args.samples)] for s, v in prompts.items()}
     temps = [float(t) for t in args.temperatures.split(",")]
