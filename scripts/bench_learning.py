@@ -61,6 +61,8 @@ SETTINGS = {
     "vocab-8192": ["draft.draft_vocab_size=8192"],
     "vocab-16384": ["draft.draft_vocab_size=16384"],
     # regularisers against the demo's generalisation gap (train sim AL 2.37 vs eval 1.97)
+    "norm-init": ["draft.init_norm_from_target=true"],
+    "freeze-head": ["draft.init_norm_from_target=true", "train.freeze_head=true"],
     "noise-0.05": ["train.feature_noise=0.05"],
     "noise-0.2": ["train.feature_noise=0.2"],
     "wd-0.1": ["train.weight_decay=0.1"],

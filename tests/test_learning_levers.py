@@ -1,10 +1,12 @@
 """Training levers of #15: the decoder layer(s) copied from target layers (draft.init_layer_from,
 draft.num_layers),
 loss on every harvested position (train.loss_on=all), a CPU-second budget
-(train.max_cpu_seconds) and noise on the target features (train.feature_noise)."""
+(train.max_cpu_seconds), noise on the target features (train.feature_noise) and the head's norm
+from the target (draft.init_norm_from_target)."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import sys
@@ -69,6 +71,26 @@ def test_layer_copied_from_the_target(index, layer, vocab, tiny_target):
         assert torch.equal(fc, base.fc.weight)
     for a, b in zip(model.state_dict().values(), from_files.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_norm_from_target_matches_the_copied_lm_head_rows(vocab, tiny_target):
+    """draft.init_norm_from_target: the head's final norm is the target's, so at init the
+    head's norm + lm_head compute the target's own logits (restricted to the draft vocab) from
+    a final hidden state; without it the norm starts at ones."""
+    target = copy.deepcopy(tiny_target.model)  # the tiny target's norm is ones: perturb it
+    base = target.model
+    with torch.no_grad():
+        base.norm.weight.normal_(1.8, 0.3)  # like SmolLM2-135M's final norm
+    plain = Eagle3Draft.from_run_config(_tiny_cfg(), vocab, target_model=target)
+    model = Eagle3Draft.from_run_config(_tiny_cfg("draft.init_norm_from_target=true"), vocab,
+                                        target_model=target)
+    assert torch.equal(model.norm.weight, base.norm.weight)
+    assert torch.equal(plain.norm.weight, torch.ones_like(plain.norm.weight))
+    h = torch.randn(2, 5, base.norm.weight.shape[0])
+    logits, _ = model._head(h)
+    with torch.no_grad():
+        want = target.lm_head(base.norm(h))[..., vocab.t2d]
+    torch.testing.assert_close(logits, want)
 
 
 def test_stacked_layers_start_as_the_target_layers(vocab, tiny_target):

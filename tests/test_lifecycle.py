@@ -138,6 +138,36 @@ def test_feature_noise_changes_training_and_resumes_exactly(run):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_frozen_head_keeps_the_target_norm_and_rows_and_resumes_exactly(run):
+    """draft.init_norm_from_target + train.freeze_head: the exported head's norm and lm_head
+    are the target's final norm and its lm_head rows of the draft vocab, bit for bit, after
+    training; the rest trains, and an interrupted run resumes to the same weights."""
+    from draftkit.drafts.eagle3.model import read_target_tensors
+    from draftkit.target.load import run_target_dir
+
+    frozen = ["draft.init_norm_from_target=true", "train.freeze_head=true",
+              "train.max_steps=4", "train.save_every=2"]
+    full = api.train(copy_run(run, "life-frozen"), overrides=frozen)
+    other = copy_run(run, "life-frozen-resume")
+    api.train(other, overrides=frozen, stop_after=3)
+    resumed = api.train(other, overrides=frozen)
+    plain = api.train(copy_run(run, "life-unfrozen"), overrides=frozen[2:])
+    a = load_file(str(full / "best" / "model.safetensors"))
+    b = load_file(str(resumed / "best" / "model.safetensors"))
+    c = load_file(str(plain / "best" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    _, norm, lm_head = read_target_tensors(run_target_dir(config.load(run).target))
+    draft_ids = torch.arange(a["lm_head.weight"].shape[0])
+    rows = draft_ids + a["d2t"] if "d2t" in a else draft_ids  # draft id -> target id
+    assert torch.equal(a["norm.weight"], norm.float())
+    assert torch.equal(a["lm_head.weight"], lm_head[rows].float())
+    assert not torch.equal(c["norm.weight"], torch.ones_like(c["norm.weight"]))  # trained
+    assert not torch.equal(a["fc.weight"], c["fc.weight"])  # the layer trained either way
+    trainable = load_file(str(sorted((full / "checkpoints").glob("step-*"))[-1]
+                              / "trainable.safetensors"))
+    assert "lm_head.weight" not in trainable and "fc.weight" in trainable
+
+
 def test_train_refuses_feature_noise_it_cannot_apply(tmp_path):
     head = api.init("tiny-llama", "math", name="head", runs_dir=tmp_path,
                     overrides=["data.source=offline"])
@@ -147,6 +177,8 @@ def test_train_refuses_feature_noise_it_cannot_apply(tmp_path):
         api.train(lm, overrides=["train.feature_noise=0.1"])
     with pytest.raises(DraftkitError, match="like 0.05"):
         api.train(head, overrides=["train.feature_noise=-0.1"])
+    with pytest.raises(DraftkitError, match="freeze_head=false for draft.kind=draft-lm"):
+        api.train(lm, overrides=["train.freeze_head=true"])
 
 
 def test_export_without_checkpoint_is_a_clear_error(tmp_path):

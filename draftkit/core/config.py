@@ -87,6 +87,9 @@ class DraftConfig:
     # layer i of a multi-layer head from target layer n+i. null = random. How the weights map:
     # drafts/eagle3/init_layer.py
     init_layer_from: int | None = None
+    # eagle3 only: a new head's final norm starts from the target's final norm, the norm its
+    # lm_head rows (copied from the target) were trained behind; false = ones
+    init_norm_from_target: bool = False
 
 
 @dataclass
@@ -134,6 +137,10 @@ class TrainConfig:
     # Gaussian noise of this std relative to each aux layer's per-token RMS; 0 = off. A head
     # trained on few conversations meets features at draft time it never saw exactly.
     feature_noise: float = 0.0
+    # EAGLE-3 only: keep the head's final norm and lm_head fixed at their start values (the
+    # target's, with draft.init_norm_from_target): the layer learns to write the target's
+    # final-hidden space and 2.4M fewer weights fit the few conversations
+    freeze_head: bool = False
     epochs: int = 4
     max_steps: int = 0  # 0 = epochs decide
     # stop once training has used this many CPU-seconds (process CPU time of the loop's own

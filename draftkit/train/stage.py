@@ -180,6 +180,9 @@ def train(run_dir: Path, overrides: list[str] | None = None,
     if cfg.train.feature_noise and cfg.draft.kind != "eagle3":
         raise DraftkitError(f"train.feature_noise is for EAGLE-3 heads (noise on the target's "
                             f"features); set train.feature_noise=0 for draft.kind={cfg.draft.kind}")
+    if cfg.train.freeze_head and cfg.draft.kind != "eagle3":
+        raise DraftkitError(f"train.freeze_head fixes an EAGLE-3 head's norm and lm_head; set "
+                            f"train.freeze_head=false for draft.kind={cfg.draft.kind}")
     if not 0 <= cfg.train.feature_noise < 10:
         raise DraftkitError(f"train.feature_noise is a std relative to the features' RMS: "
                             f"use a small value like 0.05 (0 = off), got {cfg.train.feature_noise}")
@@ -191,6 +194,9 @@ def train(run_dir: Path, overrides: list[str] | None = None,
     model = build_draft(cfg, data_runs, target).to(device=device, dtype=dtype)
     if cfg.train.feature_noise:
         model.feature_noise = cfg.train.feature_noise
+    if cfg.train.freeze_head:
+        model.norm.requires_grad_(False)
+        model.lm_head.requires_grad_(False)
 
     capture = None
     if cfg.train.mode == "online":

@@ -106,6 +106,8 @@ class Eagle3Draft(nn.Module):
         tensors = module_tensors(target_model) if target_model is not None \
             else read_target_tensors(path)
         model.load_target_tensors(*tensors, init_lm_head=True)
+        if cfg.draft.init_norm_from_target:
+            model.norm.weight.data.copy_(tensors[1])
         if cfg.draft.init_layer_from is not None:  # else the layer stays random
             from draftkit.drafts.eagle3 import init_layer
 
