@@ -56,3 +56,15 @@ def test_bench_vocab_counts_answer_tokens_outside_the_draft_vocab():
         [[3, 9, 3, 2, 5], [6, 4, 6, 1, 7]], [[0, 0, 1, 1, 1], [0, 0, 1, 1, 1]],
         [[3, 9], [6, 4]], t2d)
     assert got == {"tokens": 6, "outside": 3, "outside_share": 0.5, "outside_in_prompt": 2}
+
+
+def test_bench_misses_classifies_each_counted_target_token():
+    # ids: prompt [1, 7, 3, 9] (loss 0), answer [5, 7, 5, 8, 3] (loss 1); digits {3, 8}.
+    # Counted t: loss_mask[t + 2] set, t = 2..6; want[t] is the token the verifier wants there
+    ids, mask = [1, 7, 3, 9, 5, 7, 5, 8, 3], [0, 0, 0, 0, 1, 1, 1, 1, 1]
+    want = [0, 0, 7, 5, 4, 8, 3, 0, 0]
+    got = script("bench_misses").classify(ids, mask, want, {3, 8})
+    # t=2: 7 in prompt; t=3: 5, the answer so far is [5] -> earlier; t=4: 4 -> new;
+    # t=5: 8 is a digit, not in the prompt; t=6: 3 is a digit of the prompt
+    assert got == ["in prompt", "earlier in answer", "new", "digit not in prompt",
+                   "digit in prompt"]

@@ -168,6 +168,33 @@ def test_frozen_head_keeps_the_target_norm_and_rows_and_resumes_exactly(run):
     assert "lm_head.weight" not in trainable and "fc.weight" in trainable
 
 
+def test_bench_misses_counts_what_the_acc_0_metric_counts(run):
+    """scripts/bench_misses.py: its per-class counts add up to the model's own step-0 metric
+    (n_0, correct_0 of the eval-mode forward) on every eval sequence."""
+    from draftkit.drafts.eagle3.model import Eagle3Draft
+    from draftkit.target.load import load_target
+    from draftkit.train.data import BatchBuilder, HarvestSource
+
+    trained = copy_run(run, "life-misses")
+    api.train(trained, overrides=["train.max_steps=4"])
+    bench = script("bench_misses").measure(trained, ["eval", "train"])
+    target = load_target("tiny-llama", device="cpu", dtype="float32")
+    model = Eagle3Draft.from_pretrained(trained / "train" / "best", target.model).eval()
+    source = HarvestSource([open_harvest(artifacts.RunPaths(trained).harvest / "eval")])
+    build = BatchBuilder(source, torch.float32)
+    n = correct = 0
+    with torch.no_grad():
+        for i in range(len(source.lengths())):
+            metrics = model(build([i]))[1]
+            n, correct = n + metrics["n_0"], correct + metrics["correct_0"]
+    counts = bench["splits"]["eval"].values()
+    assert n > 0 and sum(c["n"] for c in counts) == n
+    assert sum(c["correct"] for c in counts) == correct
+    assert sum(c["n"] for c in bench["splits"]["train"].values()) > n
+    md = script("bench_misses").markdown(bench)
+    assert "| eval | **all** |" in md and "| train | in prompt |" in md
+
+
 def test_train_refuses_feature_noise_it_cannot_apply(tmp_path):
     head = api.init("tiny-llama", "math", name="head", runs_dir=tmp_path,
                     overrides=["data.source=offline"])
