@@ -84,6 +84,11 @@ DATA_SETTINGS = {
     # twice the bf16 demo's 500 + 60, same 3 epochs: about one CPU-hour of prepare, harvest and
     # training together on 2 cores, the budget of #15's benchmark goal
     "data-1120": ["data.max_samples=1000", "data.self_instruct=120"],
+    # the demo's 560 conversations with under half of them templated: target-written problems
+    # are each phrased anew, so the head cannot learn a template's words by heart
+    "data-magpie-260": ["data.max_samples=300", "data.self_instruct=260"],
+    # data-1120's size with 520 of the 1120 target-written (data-magpie-260 at twice the data)
+    "data-1120-magpie": ["data.max_samples=600", "data.self_instruct=520"],
     # as many conversations, answers not written by the target: the recipe's own reference
     # answers (GSM8K style). The KL labels are the target's either way; only the contexts differ.
     # No vLLM regeneration: prepare takes seconds
