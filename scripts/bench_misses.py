@@ -36,7 +36,11 @@ def main() -> int:
         print(f"error: {run} has no trained head (train/best); run `draftkit train {run}` first",
               file=sys.stderr)
         return 2
-    bench = measure(run, args.splits.split(","))
+    splits = args.splits.split(",")
+    if unknown := sorted(set(splits) - {"eval", "train"}):
+        print(f"error: unknown split(s) {unknown}; use eval and/or train", file=sys.stderr)
+        return 2
+    bench = measure(run, splits)
     md = markdown(bench)
     _bench.write_report(Path(args.out), "bench_misses", bench, md, lambda path: plot(bench, path))
     print(md)
@@ -48,21 +52,22 @@ def measure(run: Path, splits: list[str]) -> dict:
     import torch
 
     from draftkit.core import config, hardware
+    from draftkit.core.artifacts import RunPaths
     from draftkit.drafts.eagle3.model import Eagle3Draft
-    from draftkit.harvest.shards import open_harvest
     from draftkit.target.load import load_target
     from draftkit.train.data import BatchBuilder, HarvestSource
+    from draftkit.train.stage import _open_harvest
 
     cfg = config.load(run)
     target = load_target(cfg.target.name, device="cpu", dtype="float32",
                          revision=cfg.target.revision)
-    model = Eagle3Draft.from_pretrained(run / "train" / "best", target.model).eval()
+    # step 0 only: later TTT steps never change it, so they are not computed
+    model = Eagle3Draft.from_pretrained(run / "train" / "best", target.model, ttt_steps=1).eval()
     digits = digit_ids(target.tokenizer)
     out = {"run": str(run), "target": cfg.target.name, "hardware": hardware.summary(),
            "splits": {}}
     for split in splits:
-        path = run / "harvest" / split if split == "eval" else run / "harvest"
-        source = HarvestSource([open_harvest(path, aux_layer_ids=cfg.draft.aux_layer_ids)])
+        source = HarvestSource([_open_harvest(cfg, RunPaths(run), split)])
         build = BatchBuilder(source, torch.float32)
         counts = {c: {"n": 0, "correct": 0} for c in CLASSES}
         with torch.no_grad():
@@ -119,8 +124,8 @@ def digit_ids(tokenizer) -> set[int]:
 
 def markdown(bench: dict) -> str:
     lines = [f"# Where the head's first draft token misses: {bench['run']} ({bench['target']})",
-             "", f"CPU: {bench['hardware']['cpu_model']}. Step-0 accuracy (the head's draft vs the target's greedy "
-             "token) by the class of the target token.", "",
+             "", f"CPU: {bench['hardware']['cpu_model']}. Step-0 accuracy (the head's draft vs "
+             "the target's greedy token) by the class of the target token.", "",
              "| split | class | tokens | share | accuracy |", "|---|---|---|---|---|"]
     for split, counts in bench["splits"].items():
         total = sum(c["n"] for c in counts.values()) or 1

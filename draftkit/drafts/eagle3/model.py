@@ -105,9 +105,8 @@ class Eagle3Draft(nn.Module):
         model = cls(spec, vocab, cfg.train.ttt_steps, cfg.train.ttt_decay)
         tensors = module_tensors(target_model) if target_model is not None \
             else read_target_tensors(path)
-        model.load_target_tensors(*tensors, init_lm_head=True)
-        if cfg.draft.init_norm_from_target:
-            model.norm.weight.data.copy_(tensors[1])
+        model.load_target_tensors(*tensors, init_lm_head=True,
+                                  init_norm=cfg.draft.init_norm_from_target)
         if cfg.draft.init_layer_from is not None:  # else the layer stays random
             from draftkit.drafts.eagle3 import init_layer
 
@@ -152,8 +151,11 @@ class Eagle3Draft(nn.Module):
 
     @torch.no_grad()
     def load_target_tensors(self, embed: torch.Tensor, norm: torch.Tensor,
-                            lm_head: torch.Tensor, init_lm_head: bool) -> None:
-        """Copy the target's embedding [V, H], final norm [H] and lm_head [V, H]."""
+                            lm_head: torch.Tensor, init_lm_head: bool,
+                            init_norm: bool = False) -> None:
+        """Copy the target's embedding [V, H], final norm [H] and lm_head [V, H]; with
+        `init_lm_head` the head's lm_head starts as the target's rows of the draft vocab, with
+        `init_norm` the head's norm as the target's final norm."""
         shape = (self.spec.target_vocab_size, self.spec.hidden_size)
         if tuple(embed.shape) != shape or tuple(lm_head.shape) != shape:
             raise DraftkitError(f"target embedding/lm_head {tuple(embed.shape)}/"
@@ -166,6 +168,8 @@ class Eagle3Draft(nn.Module):
                                              requires_grad=False)
         if init_lm_head:
             self.lm_head.weight.data.copy_(lm_head[self.t2d.to(lm_head.device)])
+        if init_norm:
+            self.norm.weight.data.copy_(norm)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
