@@ -105,7 +105,16 @@ HARVEST_SETTINGS = {
     "aux-upper": ["draft.aux_layer_ids=[15,22,29]"],  # the upper half only
 }
 
-OWN_STAGES = {**DATA_SETTINGS, **HARVEST_SETTINGS}  # settings with a harvest of their own
+# Prepared from the source's own regenerated conversations (its data/.regen and .cache linked in:
+# prepare re-encodes, no generation) plus word-substituted copies of them
+# (prepare/substitute.py: the head has to copy a question's nouns), then harvested anew.
+REUSE_SETTINGS = {
+    "sub-1": ["data.substitute_copies=1"],
+    "sub-2": ["data.substitute_copies=2"],
+    "sub-1-e5": ["data.substitute_copies=1", "train.epochs=5"],
+}
+
+OWN_STAGES = {**DATA_SETTINGS, **HARVEST_SETTINGS, **REUSE_SETTINGS}  # settings with a harvest of their own
 
 
 def main() -> int:
@@ -177,7 +186,7 @@ def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
     from draftkit import api
     from draftkit.core import artifacts, config
 
-    data = name in DATA_SETTINGS
+    data = name in DATA_SETTINGS or name in REUSE_SETTINGS
     overrides = [*base, *SETTINGS.get(name, [])]
     if name in OWN_STAGES:
         if not (run / config.CONFIG_NAME).is_file():
@@ -185,7 +194,10 @@ def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
             cfg.name = run.name
             run.mkdir(parents=True, exist_ok=True)
             artifacts.write_text_atomic(run / config.CONFIG_NAME, config.dump(cfg))
-        if not data:
+        if name in REUSE_SETTINGS:
+            for cache in (".regen", ".cache"):
+                _bench.link_tree(src / "data" / cache, run / "data" / cache)
+        elif not data:
             _bench.link_tree(src / "data", run / "data")
         for stage, done in (("prepare", "data/meta.json"), ("harvest", "harvest/meta.json")):
             if not (run / done).is_file():
@@ -200,7 +212,8 @@ def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
     data_meta = artifacts.read_json(run / "data" / "meta.json")
     harvest_meta = artifacts.read_json(run / "harvest" / "meta.json")
     return {"run": str(run), "overrides": [*overrides, *OWN_STAGES.get(name, [])],
-            "data": "own" if data else "source",
+            "data": ("own" if name in DATA_SETTINGS else "source + copies" if data
+                     else "source"),
             "harvest": "own" if name in OWN_STAGES else "source",
             "conversations": data_meta["samples"]["train"],
             "prepare_s": round(data_meta["timings"]["total_s"], 1),

@@ -36,7 +36,8 @@ def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags,
 def test_every_bench_learning_setting_is_a_valid_override_set():
     bench = script("bench_learning")
     settings = {**bench.SETTINGS, **bench.OWN_STAGES}
-    assert set(bench.DATA_SETTINGS) | set(bench.HARVEST_SETTINGS) == set(bench.OWN_STAGES)
+    assert set(bench.DATA_SETTINGS) | set(bench.HARVEST_SETTINGS) | set(
+        bench.REUSE_SETTINGS) == set(bench.OWN_STAGES)
     for name, overrides in settings.items():
         cfg = resolve("smollm2-135m", "math", overrides=overrides)
         for section, fields in config.parse_overrides(overrides).items():

@@ -110,6 +110,10 @@ class DataConfig:
     regen_dtype: str = "auto"  # vLLM dtype for regeneration and self-instruct (auto: hardware.py)
     self_instruct: int = 0  # target-written prompts (Magpie-style) added to TRAIN before regen
     self_instruct_temperature: float = 1.0  # sampling temperature for target-written prompts
+    # per train conversation, copies with its rare question words replaced (answers too) by
+    # other rare words, so the head learns to copy words from the question (substitute.py)
+    substitute_copies: int = 0
+    substitute_max_df: float = 0.03  # "rare": in at most this share of the train questions
 
 
 @dataclass

@@ -7,6 +7,7 @@ with the assistant loss mask and the token frequencies the draft vocabulary is c
 Steps: load and mix the recipe's sources (sources.py) -> add the system prompt -> drop
 conversations whose first prompt does not fit `data.max_seq_len` -> optionally ask the target for new train prompts
 (selfinstruct.py) -> regenerate every assistant turn with the target (regen.py; resumable) ->
+optionally add word-substituted copies of the train conversations (substitute.py) ->
 cut turns whose prompt does not fit, template, tokenize and mask (chat_mask.py; longer
 conversations truncated) -> count masked
 train tokens -> write `data/{train,eval}` (Arrow), `token_freqs.safetensors`, `stats.json`,
@@ -27,7 +28,7 @@ from tqdm import tqdm
 
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
-from draftkit.prepare import chat_mask, recipes, regen, selfinstruct, sources
+from draftkit.prepare import chat_mask, recipes, regen, selfinstruct, sources, substitute
 from draftkit.prepare.dataset import COUNTS_FILE, SPLITS
 from draftkit.prepare.sources import Conversation, Dropped
 
@@ -146,6 +147,10 @@ def _generate(mix: sources.Mix, recipe: recipes.Recipe, gen: regen.Generator, cf
         stats["regenerate"].update(generated_tokens=tokens, engine_seconds=seconds,
                                    tokens_per_s=tokens / seconds if seconds else None)
         timings["regenerate_s"] = time.perf_counter() - t0
+    if d.substitute_copies:
+        extra = substitute.copies(mix.train, d.substitute_copies, d.substitute_max_df, d.seed)
+        stats["substitute"] = {"copies": len(extra), "of": len(mix.train)}
+        mix.train += extra
 
 
 def _check(cfg, recipe: recipes.Recipe) -> None:
@@ -156,6 +161,9 @@ def _check(cfg, recipe: recipes.Recipe) -> None:
     if d.self_instruct and not d.regenerate:
         raise DraftkitError("data.self_instruct needs data.regenerate=true: target-written "
                             "prompts have no responses until the target answers them")
+    if d.substitute_copies < 0 or not 0 < d.substitute_max_df <= 1:
+        raise DraftkitError(f"data.substitute_copies={d.substitute_copies} / substitute_max_df="
+                            f"{d.substitute_max_df}: copies must be >= 0 and max_df in (0, 1]")
     if d.max_seq_len < 16:
         raise DraftkitError(f"data.max_seq_len={d.max_seq_len} is too small; use >= 16")
 
