@@ -112,6 +112,7 @@ REUSE_SETTINGS = {
     "sub-1": ["data.substitute_copies=1"],
     "sub-2": ["data.substitute_copies=2"],
     "sub-1-e5": ["data.substitute_copies=1", "train.epochs=5"],
+    "sub-2-e5": ["data.substitute_copies=2", "train.epochs=5"],
 }
 
 OWN_STAGES = {**DATA_SETTINGS, **HARVEST_SETTINGS, **REUSE_SETTINGS}  # settings with a harvest of their own
