@@ -4,19 +4,22 @@ Where a head misses on new templates is the words an answer copies from its ques
 (`scripts/bench_misses.py`: step-0 accuracy 0.79 on train, 0.58 on unseen templates, on 45% of
 the tokens). On the training templates it can learn which noun follows which word by heart;
 n-gram drafting copies them from the context. `data.substitute_copies = n` adds, per train
-conversation, n copies in which every rare counted noun of its user turns (a word that follows
-a number somewhere in the train questions, in at most `max_df` of them, not a stopword or a
-unit) is replaced wherever it occurs, answers included, by another such noun of the same data:
-"3 pizzas with 6 slices" -> "3 kites with 6 candles", and the answer follows. The harvest labels each copy with the target's own distribution on the new text, so
-a word the answer repeats is only predictable by looking back at the question.
+conversation, n copies in which every rare counted noun of its user turns (a plural that
+follows a number somewhere in the train questions, in at most `max_df` of them, not a unit) is
+replaced wherever it occurs, answers included, by another such noun of the same data:
+"3 pizzas with 6 slices" -> "3 kites with 6 candles", and the answer follows. The harvest
+labels each copy with the target's own distribution on the new text, so a word the answer
+repeats is only predictable by looking back at the question. Measured (README, "Word-substituted
+copies"): one copy at 5 epochs beats 8 epochs of the originals by +0.11 vLLM AL on unseen
+templates at about the same training CPU.
 
 Departures from a full regeneration: the answers are the target's for the original question,
 edited, not written anew for the copy (regenerating would cost what new problems cost, the
 bottleneck this avoids); numbers are kept, so the arithmetic stays right; only nouns swap (a
 word after a number is a count noun in a word problem), since swapping verbs or names made the
 copies read as nonsense. Singular and plural of a noun swap together ("slice"/"slices" ->
-"candle"/"candles": plurals as the data writes them, singulars by rule and the data). Eval conversations are never
-substituted.
+"candle"/"candles": plurals as the data writes them, singulars by rule and the data). Eval
+conversations are never substituted.
 """
 
 from __future__ import annotations
