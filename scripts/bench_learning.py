@@ -17,7 +17,10 @@ decay, decoder layers (draft.num_layers) and the baseline under other seeds (tra
 the source run's (read only). Data settings (DATA_SETTINGS):
 all-templated vs Magpie-heavy prompts at the same count, regeneration at T=1, twice the data;
 each is prepared and harvested in its own run dir. Harvest settings (HARVEST_SETTINGS: the
-aux layer ids) harvest the source's prepared data anew in their own run dir. Every setting trains with
+aux layer ids) harvest the source's prepared data anew in their own run dir. Reuse settings
+(REUSE_SETTINGS: word-substituted copies, data.substitute_copies) prepare from the source's
+regenerated conversations (its regeneration cache linked in) and harvest anew; their prepare
+time is the re-encode only. Every setting trains with
 train.max_cpu_seconds as the budget (process CPU time of the optimizer steps, evals excluded;
 train.num_workers=0 so data reads count too) and its own schedule (train.epochs, unless
 --epochs). vLLM: one engine per draft plus one n-gram engine, each serving every eval split
@@ -115,7 +118,8 @@ REUSE_SETTINGS = {
     "sub-2-e5": ["data.substitute_copies=2", "train.epochs=5"],
 }
 
-OWN_STAGES = {**DATA_SETTINGS, **HARVEST_SETTINGS, **REUSE_SETTINGS}  # settings with a harvest of their own
+# settings with a harvest of their own
+OWN_STAGES = {**DATA_SETTINGS, **HARVEST_SETTINGS, **REUSE_SETTINGS}
 
 
 def main() -> int:
@@ -183,7 +187,8 @@ def main() -> int:
 def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
     """Train and export one setting in `run` (resumes: finished stages are kept); a data
     setting first prepares and harvests its own data from the source's config + its overrides,
-    a harvest setting harvests the source's data anew under its overrides."""
+    a reuse setting does the same from the source's regeneration cache, a harvest setting
+    harvests the source's data anew under its overrides."""
     from draftkit import api
     from draftkit.core import artifacts, config
 

@@ -129,7 +129,8 @@ def fingerprint(splits: dict[str, dict[str, list]]) -> str:
 
 def _generate(mix: sources.Mix, recipe: recipes.Recipe, gen: regen.Generator, cfg, root: Path,
               stats: dict, timings: dict) -> None:
-    """Self-instruct (train only) and regeneration of both splits, in place on `mix`."""
+    """Self-instruct (train only), regeneration of both splits and word-substituted train
+    copies, in place on `mix`."""
     d = cfg.data
     if d.self_instruct:
         t0 = time.perf_counter()
