@@ -63,9 +63,10 @@ def nouns(convs: list[Conversation], max_df: float) -> dict[str, str]:
     for c in convs:
         seen.update(w.lower() for m in c.messages for w in WORD.findall(m["content"]))
     for c in convs:
-        found = {w for w in COUNTED.findall(_user_text(c)) if w not in STOPWORDS}
-        forms |= {singular(w, seen): w for w in sorted(found)}
-        df.update({singular(w, seen) for w in found})
+        found = {singular(w, seen): w for w in sorted(set(COUNTED.findall(_user_text(c))))
+                 if w not in STOPWORDS}
+        forms |= found
+        df.update(found.keys())
     return {w: forms[w] for w in sorted(df) if df[w] <= max_df * len(convs)}
 
 
@@ -86,7 +87,7 @@ def copies(convs: list[Conversation], n: int, max_df: float, seed: int) -> list[
     if len(pool) < 2:
         return []
     by_form = {f: s for s, p in pool.items() for f in (s, p)}  # either form -> singular
-    names, out = sorted(pool), []
+    singulars, out = sorted(pool), []
     for c in convs:
         found = sorted({by_form[w.lower()] for w in WORD.findall(_user_text(c))
                         if w.lower() in by_form})
@@ -94,7 +95,7 @@ def copies(convs: list[Conversation], n: int, max_df: float, seed: int) -> list[
             rng = random.Random(seed_for("substitute", seed, c.id, j))
             mapping = {}
             for s in found:
-                r = rng.choice([p for p in names if p != s])
+                r = rng.choice([p for p in singulars if p != s])
                 mapping |= {s: r, pool[s]: pool[r]}
             msgs = [m if m["role"] == "system" else {**m, "content": _apply(m["content"], mapping)}
                     for m in c.messages]
