@@ -225,6 +225,9 @@ def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
             "prepare_s": round(data_meta["timings"]["total_s"], 1),
             "harvest_s": round(harvest_meta["timings"]["seconds"], 1),
             "harvest_tokens": harvest_meta["timings"].get("computed_tokens"),
+            **({"source_prepare_s": round(artifacts.read_json(
+                src / "data" / "meta.json")["timings"]["total_s"], 1)}
+               if name in REUSE_SETTINGS else {}),  # its regeneration, reused: bench_frontier
             "train_wall_s": round(time.perf_counter() - t0, 1), **_curve(run)}
 
 
