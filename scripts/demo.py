@@ -21,7 +21,7 @@ from pathlib import Path
 # Sized to finish in under 20 minutes on a 2-core CPU; bench_eagle3.py runs the longer training.
 DEMO_OVERRIDES = [
     "data.source=offline",
-    "data.max_samples=280",  # raised by BF16_OVERRIDES where bf16 is native
+    "data.max_samples=240",  # raised by BF16_OVERRIDES where bf16 is native
     "data.eval_samples=48",
     "data.self_instruct=60",
     "data.regen_max_new_tokens=192",
@@ -42,8 +42,9 @@ DEMO_OVERRIDES = [
 # problems x 3 epochs (demo9: 16.6 min on an Intel Xeon with AMX); where it runs on AVX512-BF16
 # alone, every stage is ~1.6x slower and 600 took 20.4 min (demo12, AMD EPYC), so 500 x 3
 # (400 x 5, for bench_learning's epochs finding, took 21.0 min and moved unseen-template AL by
-# +0.03 to +0.05: demo16); in fp32 (AVX2-only CPUs) vLLM generates 2-3x slower still: 280 x 4
-# and 8 eval prompts per split.
+# +0.03 to +0.05: demo16); in fp32 (AVX2-only CPUs) vLLM generates 2-3x slower still: 240 x 4
+# and 8 eval prompts per split (280 took 18.6 min on the Intel Xeon restricted to AVX2, demo10,
+# and 20.7 min on the AMD EPYC restricted the same way, demo19-avx2).
 BF16_OVERRIDES = ["data.max_samples=600", "train.epochs=3"]
 BF16_NO_AMX_OVERRIDES = ["data.max_samples=500", "train.epochs=3"]
 FP32_OVERRIDES = ["eval.num_prompts=8"]

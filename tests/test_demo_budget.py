@@ -20,7 +20,7 @@ def demo():
 @pytest.mark.parametrize("dtype,flags,samples,epochs,prompts",
                          [("bfloat16", ("avx512_bf16", "amx_bf16"), 600, 3, 16),
                           ("bfloat16", ("avx512_bf16",), 500, 3, 16),
-                          ("float32", ("avx2",), 280, 4, 8)])
+                          ("float32", ("avx2",), 240, 4, 8)])
 def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags, samples, epochs,
                                                 prompts):
     cpu = hardware.Hardware(device="cpu", cpu_model="test", cpu_flags=flags,
