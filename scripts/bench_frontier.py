@@ -157,8 +157,8 @@ def frontier(benches: dict[str, dict], like: str, temperature: float, goal: floa
     for split in [s for s in SPLITS if points and all(s in p["al"] for p in points)]:
         front = pareto(points, split)
         f = fit([p for p in front if p["total_cpu_s"] >= (demo_cost or 0)], split)
-        splits[split] = {"frontier": [(p["setting"], p["total_cpu_s"], p["al"][split])
-                                      for p in front],
+        splits[split] = {"frontier": [(f"{p['setting']} ({p['conversations']})",
+                                       p["total_cpu_s"], p["al"][split]) for p in front],
                          "fit": f, "ngram_al": ngram.get(split),
                          "cpu_s_at_ngram": cpu_for(f, ngram[split]) if split in ngram else None,
                          "cpu_s_at_goal": cpu_for(f, goal)}
@@ -187,7 +187,7 @@ def markdown(bench: dict) -> str:
               f"recipe (`{bench['demo']}`, {_hours(bench['demo_cpu_s'])}) up (cheaper recipes "
               "that are worse than the demo's would only steepen it), and the compute the fit "
               f"puts at n-gram's AL and at AL {bench['goal']:g}.", "",
-              "| split | frontier (setting: CPU-s, AL) | AL per doubling | n-gram AL | "
+              "| split | frontier (setting (conversations): CPU-s, AL) | AL per doubling | n-gram AL | "
               "CPU at n-gram's AL | CPU at the goal |", "|---|---|---|---|---|---|"]
     for split, s in bench["splits"].items():
         front = "; ".join(f"{n}: {c:.0f}, {al:.2f}" for n, c, al in s["frontier"])

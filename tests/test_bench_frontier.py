@@ -54,7 +54,7 @@ def test_costs_frontier_fit_and_projection():
     assert out["skipped"] == {"o.json": "other eval prompts or temperature"}
     assert out["demo_cpu_s"] == 1000.0
     unseen = out["splits"]["unseen-templates"]
-    assert [n for n, _, _ in unseen["frontier"]] == ["baseline", "copies", "big"]
+    assert [n for n, _, _ in unseen["frontier"]] == ["baseline (100)", "copies (100)", "big (100)"]
     assert unseen["fit"]["per_doubling"] == pytest.approx(0.1)
     assert unseen["ngram_al"] == 2.2
     assert unseen["cpu_s_at_ngram"] == pytest.approx(1000 * 2 ** 4)  # 1.8 + 4 * 0.1 = 2.2
