@@ -79,7 +79,7 @@ def source_prepare(benches: dict[str, dict]) -> dict[str, float]:
     return out
 
 
-def cost(setting: dict, source: str, prepared: dict[str, float], cores: int) -> dict:
+def cost(setting: dict, source: str, prepared: dict[str, float], cores: int) -> dict | None:
     """{data_wall_s, train_cpu_s, total_cpu_s} of one setting; None if a reused source's
     prepare time is nowhere on record."""
     data_wall = setting["prepare_s"] + setting["harvest_s"]
