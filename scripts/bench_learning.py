@@ -216,6 +216,10 @@ def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
     if not (run / "export" / "config.json").is_file():
         api.export(run, overrides=overrides)
     data_meta = artifacts.read_json(run / "data" / "meta.json")
+    reused = {}  # a reuse setting's regeneration is the source's: bench_frontier charges it
+    if name in REUSE_SETTINGS:
+        src_meta = artifacts.read_json(src / "data" / "meta.json")
+        reused = {"source_prepare_s": round(src_meta["timings"]["total_s"], 1)}
     harvest_meta = artifacts.read_json(run / "harvest" / "meta.json")
     return {"run": str(run), "overrides": [*overrides, *OWN_STAGES.get(name, [])],
             "data": ("own" if name in DATA_SETTINGS else "source + copies" if data
@@ -225,9 +229,7 @@ def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
             "prepare_s": round(data_meta["timings"]["total_s"], 1),
             "harvest_s": round(harvest_meta["timings"]["seconds"], 1),
             "harvest_tokens": harvest_meta["timings"].get("computed_tokens"),
-            **({"source_prepare_s": round(artifacts.read_json(
-                src / "data" / "meta.json")["timings"]["total_s"], 1)}
-               if name in REUSE_SETTINGS else {}),  # its regeneration, reused: bench_frontier
+            **reused,
             "train_wall_s": round(time.perf_counter() - t0, 1), **_curve(run)}
 
 
