@@ -5,6 +5,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.draftkit-installed
 RUN     ?= demo
+TIER    ?= auto
 DEMO_DIR ?= runs
 SETUP_MIN_GB ?= 6
 
@@ -32,7 +33,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/python scripts/demo.py --dir $(DEMO_DIR) --name $(RUN)
+	$(BIN)/python scripts/demo.py --dir $(DEMO_DIR) --name $(RUN) --tier $(TIER)
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=15 tests

@@ -31,6 +31,11 @@ def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags,
     assert (cfg.data.max_samples, cfg.train.epochs, cfg.eval.num_prompts) == (samples, epochs,
                                                                               prompts)
     assert cfg.eval.splits == ["seen-templates", "hand-written"] and not cfg.export.check
+    full = resolve("smollm2-135m", "math", overrides=demo.demo_overrides("full"))
+    assert (full.data.max_samples, full.data.self_instruct, full.data.substitute_copies,
+            full.train.epochs) == (1000, 120, 2, 5)
+    assert (full.eval.num_prompts, full.eval.splits, full.data.eval_samples) == (
+        prompts, cfg.eval.splits, cfg.data.eval_samples)
 
 
 def test_every_bench_learning_setting_is_a_valid_override_set():
