@@ -52,7 +52,7 @@ FP32_OVERRIDES = ["eval.num_prompts=8"]
 # `--tier full`: the cheapest recipe measured whose head passes n-gram's AL on every split, unseen
 # templates included (bench_learning `sub-2-e5` on `data-1120`: 2.38 / 2.74 / 2.30 vs 2.24 / 2.16 /
 # 2.14 for 1.9 CPU-hours on the AMD EPYC; README, "AL against the whole compute"). About an hour
-# on 2 cores where bf16 is native; several where it is not.
+# on 2 cores where bf16 is native (demo20-full: 64 min); longer in fp32 (not measured).
 FULL_OVERRIDES = ["data.max_samples=1000", "data.self_instruct=120",
                   "data.substitute_copies=2", "train.epochs=5"]
 TIERS = ("auto", "full")

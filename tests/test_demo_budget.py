@@ -38,6 +38,13 @@ def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags,
         prompts, cfg.eval.splits, cfg.data.eval_samples)
 
 
+def test_demo_full_tier_is_the_measured_bench_learning_recipe(demo):
+    # The README's figures for `--tier full` come from bench_learning's `sub-2-e5` on `data-1120`
+    bench = script("bench_learning")
+    assert demo.FULL_OVERRIDES == [*bench.DATA_SETTINGS["data-1120"],
+                                   *bench.REUSE_SETTINGS["sub-2-e5"]]
+
+
 def test_every_bench_learning_setting_is_a_valid_override_set():
     bench = script("bench_learning")
     settings = {**bench.SETTINGS, **bench.OWN_STAGES}
