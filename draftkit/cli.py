@@ -195,9 +195,26 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
+def end_distributed() -> None:
+    """Tear down torch.distributed's process group, if a multi-process run made one.
+
+    A rank that exits with gloo's group alive destroys its worker threads during interpreter
+    shutdown, and now and then aborts there ("terminate called without an active exception",
+    pytorch/pytorch#190489): `accelerate launch` then fails a run whose work had finished.
+    Call it only after success: after an error other ranks may be inside a collective, and
+    the barrier would hang them.
+    """
+    dist = sys.modules.get("torch.distributed")  # never imported: nothing to tear down
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         code = run(argv)
+        if code == 0:
+            end_distributed()
     except DraftkitError as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2

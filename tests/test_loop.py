@@ -89,3 +89,25 @@ def test_two_process_ddp_matches_single_process_accumulation(tmp_path):
     one = load_file(str(tmp_path / "one" / "final.safetensors"))
     for k in one:  # DDP all-reduce vs local accumulation: same math, float rounding only
         torch.testing.assert_close(ddp[k], one[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_finished_command_tears_down_its_process_group_and_a_failed_one_does_not(
+        tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from draftkit import cli
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        monkeypatch.setattr(cli, "run", lambda argv: 2)
+        with pytest.raises(SystemExit) as failed:
+            cli.main([])
+        assert failed.value.code == 2 and dist.is_initialized()  # others may be in a collective
+        monkeypatch.setattr(cli, "run", lambda argv: 0)
+        with pytest.raises(SystemExit) as done:
+            cli.main([])
+        assert done.value.code == 0 and not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
