@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from draftkit.core.errors import DraftkitError
 
@@ -195,33 +198,38 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
-def end_distributed() -> None:
-    """Tear down torch.distributed's process group, if a multi-process run made one.
+def exit_process(code: int) -> NoReturn:
+    """Exit with `code`; a rank of a finished multi-process run exits without teardown.
 
-    A rank that exits with gloo's group alive destroys its worker threads during interpreter
-    shutdown, and now and then aborts there ("terminate called without an active exception",
-    pytorch/pytorch#190489): `accelerate launch` then fails a run whose work had finished.
-    Call it only after success: after an error other ranks may be inside a collective, and
-    the barrier would hang them.
+    DDP keeps gloo's process group, and its worker threads, alive past
+    `destroy_process_group()` (checked: after it and a gc the threads still run). A process
+    that then runs interpreter and C++ teardown with them alive now and then aborts there
+    ("terminate called without an active exception", pytorch/pytorch#65231), and `accelerate
+    launch` fails a run whose work had finished. So after success every rank waits for the
+    others, flushes and leaves by os._exit: whatever a stage writes is already renamed into
+    place. After an error it exits normally, without the barrier: other ranks may be stuck
+    inside a collective.
     """
-    dist = sys.modules.get("torch.distributed")  # never imported: nothing to tear down
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # never imported: no process group
+    if code == 0 and dist is not None and dist.is_available() and dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         code = run(argv)
-        if code == 0:
-            end_distributed()
     except DraftkitError as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         code = 130
-    sys.exit(code)
+    exit_process(code)
 
 
 if __name__ == "__main__":

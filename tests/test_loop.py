@@ -91,23 +91,33 @@ def test_two_process_ddp_matches_single_process_accumulation(tmp_path):
         torch.testing.assert_close(ddp[k], one[k], rtol=1e-5, atol=1e-6)
 
 
-def test_a_finished_command_tears_down_its_process_group_and_a_failed_one_does_not(
+def test_a_finished_rank_exits_past_teardown_and_a_failed_one_exits_normally(
         tmp_path, monkeypatch):
     import torch.distributed as dist
 
     from draftkit import cli
 
+    class Exited(Exception):
+        pass
+
+    def fake_exit(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    monkeypatch.setattr(cli, "run", lambda argv: 0)
+    with pytest.raises(SystemExit) as alone:  # no process group: an ordinary exit
+        cli.main([])
+    assert alone.value.code == 0
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
         monkeypatch.setattr(cli, "run", lambda argv: 2)
         with pytest.raises(SystemExit) as failed:
             cli.main([])
-        assert failed.value.code == 2 and dist.is_initialized()  # others may be in a collective
+        assert failed.value.code == 2
         monkeypatch.setattr(cli, "run", lambda argv: 0)
-        with pytest.raises(SystemExit) as done:
+        with pytest.raises(Exited) as done:
             cli.main([])
-        assert done.value.code == 0 and not dist.is_initialized()
+        assert done.value.args == (0,)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from draftkit.cli import end_distributed
+from draftkit.cli import exit_process
 from draftkit.core.config import TrackingConfig, TrainConfig
 from draftkit.train.loop import fit
 
@@ -67,4 +67,4 @@ if __name__ == "__main__":
     if not dist.is_initialized() or dist.get_rank() == 0:
         save_file({k: v.contiguous() for k, v in model.state_dict().items()},
                   str(out / "final.safetensors"))
-    end_distributed()
+    exit_process(0)
