@@ -208,10 +208,11 @@ def exit_process(code: int) -> NoReturn:
     launch` fails a run whose work had finished. So after success every rank waits for the
     others, flushes and leaves by os._exit: whatever a stage writes is already renamed into
     place. After an error it exits normally, without the barrier: other ranks may be stuck
-    inside a collective.
+    inside a collective. A single process, even one holding a group of one, exits normally.
     """
     dist = sys.modules.get("torch.distributed")  # never imported: no process group
-    if code == 0 and dist is not None and dist.is_available() and dist.is_initialized():
+    if (code == 0 and dist is not None and dist.is_available() and dist.is_initialized()
+            and dist.get_world_size() > 1):
         dist.barrier()
         logging.shutdown()
         sys.stdout.flush()

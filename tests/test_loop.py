@@ -111,6 +111,10 @@ def test_a_finished_rank_exits_past_teardown_and_a_failed_one_exits_normally(
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
+        with pytest.raises(SystemExit) as single:  # a group of one: still an ordinary exit
+            cli.main([])
+        assert single.value.code == 0
+        monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)  # a launched rank
         monkeypatch.setattr(cli, "run", lambda argv: 2)
         with pytest.raises(SystemExit) as failed:
             cli.main([])
