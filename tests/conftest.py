@@ -14,6 +14,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # dtype `auto` as on a CPU without native bf16 (fp32), in every process tests start: results do
 # not depend on the CI machine's CPU (tests/test_hardware.py covers the resolution itself).
 os.environ.setdefault("DRAFTKIT_CPU_BF16", "0")
+# a process a test starts (a launched rank, a CLI run) that dies prints its Python stack
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 @pytest.fixture

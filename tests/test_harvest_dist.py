@@ -20,7 +20,7 @@ LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--
 
 
 def _run(cmd: list[str]) -> None:
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONFAULTHANDLER": "1"}  # a dying rank prints its stack
+    env = {**os.environ, "TQDM_DISABLE": "1"}
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
 

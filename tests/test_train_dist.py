@@ -27,8 +27,7 @@ TRAIN = [f"train.max_steps={STEPS}", "train.batch_tokens=512", "train.lr=3e-3",
 
 
 def _train(launcher: list[str], run, grad_accum: int) -> None:
-    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONFAULTHANDLER": "1"}  # a rank that dies prints its Python stack
+    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run([*launcher, "-m", "draftkit.cli", "train", str(run),
                           f"train.grad_accum={grad_accum}"],
                          env=env, capture_output=True, text=True, timeout=600)
