@@ -3,7 +3,7 @@
 
     runs/<name>/drafts/
       v0001/  config.json model.safetensors speculative_config.json README.md meta.json lineage.json
-      v0002/  ...
+      v0002/  ... failed.json       a version a live swap refused (why, when, who): never current
       current -> v0002              os.replace of a fresh symlink: readers see old or new, never none
       refresh-log.jsonl             one event per line (published, rejected, resumed, ...)
       .lock                         flock: one refresh at a time (released when the process dies)
@@ -13,6 +13,15 @@ crash leaves either nothing or a whole version. A version carries its job key (a
 policy, the rollout files, the parent and the settings): a rerun of the same job finds it and
 only finishes what is left (moving `current`), so nothing is published twice. Before the first
 refresh the run's own export (`<run>/export`) is the current draft.
+
+A version that fails a live swap's check (`DraftRefresher.swap_into`: tensor hashes or probe AL)
+is marked failed (`mark_failed`: `failed.json` written atomically, a `failed` log event), and
+`current` moves back to the version the engine held before (else the newest good version older
+than it, else none: the export). `set_current` refuses a failed version, so a failed version
+is never what a restarted engine loads. Parent of the next refresh: `parent()` (= `current()`
+once `mark_failed` has returned; it also skips a failed `current` left by a crash between the
+marker and the move back). Limit: `mark_failed` does not take the refresh lock; a refresh that
+chose the failed version as its parent before the mark still publishes its child.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 
 LINEAGE = "lineage.json"
+FAILED = "failed.json"
 _VERSION = re.compile(r"^v(\d{4,})$")
 
 
@@ -95,12 +105,77 @@ class DraftStore:
         """Point `current` at a complete version: a new symlink renamed over the old one."""
         if not (self.root / version / LINEAGE).is_file():
             raise DraftkitError(f"cannot make {version} current: it is not a complete version")
-        tmp = self.root / f".current.tmp-{os.getpid()}"
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        os.symlink(version, tmp)
-        os.replace(tmp, self.current_link)
+        if (failed := self.failure(version)) is not None:
+            raise DraftkitError(
+                f"cannot make {version} current: a live swap marked it failed "
+                f"({failed.get('reason', '')[:200]}); refresh again, or delete "
+                f"{self.root / version / FAILED} if the failure was not the draft's")
+        self._point_current(version)
+
+    def _point_current(self, version: str | None) -> None:
+        """`current` -> version by renaming a fresh symlink over it; None removes it (export)."""
+        if version is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.current_link.unlink()
+        else:
+            tmp = self.root / f".current.tmp-{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            os.symlink(version, tmp)
+            os.replace(tmp, self.current_link)
         _fsync_dir(self.root)
+
+    def failure(self, version: str) -> dict | None:
+        """The failed.json marker of `version` ({"reason", "time", ...}), None if not failed."""
+        path = self.root / version / FAILED
+        return artifacts.read_json(path) if path.is_file() else None
+
+    def good_versions(self) -> list[str]:
+        """Complete versions not marked failed, oldest first."""
+        return [v for v in self.versions() if self.failure(v) is None]
+
+    def version_of(self, directory: str | Path | None) -> str | None:
+        """The version a directory is (symlinks resolved), None if it is no version here."""
+        if directory is None:
+            return None
+        path = Path(os.path.realpath(directory))
+        if path.parent != Path(os.path.realpath(self.root)) or not _VERSION.match(path.name):
+            return None
+        return path.name if (path / LINEAGE).is_file() else None
+
+    def mark_failed(self, version: str, reason: str, back_to: str | None = None,
+                    **fields) -> str | None:
+        """Mark `version` failed (failed.json, then a `failed` event); if it is current, point
+        `current` at `back_to` (a good version: what the engine held), else at the newest good
+        version older than it, else remove `current` (the export serves). Returns the new
+        current. Idempotent: calling it again finishes a move a crash interrupted."""
+        if not (self.root / version / LINEAGE).is_file():
+            raise DraftkitError(f"cannot mark {version} failed: it is not a complete version")
+        marker = {"version": version, "reason": reason, "pid": os.getpid(),
+                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}
+        artifacts.write_json_atomic(self.root / version / FAILED, marker)
+        _fsync_dir(self.root / version)
+        moved = self.current() == version
+        if moved:
+            if back_to is None or back_to == version or self.failure(back_to) is not None:
+                back_to = self._good_before(version)
+            self._point_current(back_to)
+        self.log("failed", version=version, reason=reason[:500],
+                 current=self.current(), moved_current=moved, **fields)
+        return self.current()
+
+    def _good_before(self, version: str) -> str | None:
+        older = [v for v in self.good_versions() if int(v[1:]) < int(version[1:])]
+        return older[-1] if older else None
+
+    def parent(self) -> str | None:
+        """The version the next refresh starts from (None = the run's export): `current`,
+        unless it is marked failed (a crash between the marker and the move back), then the
+        newest good version older than it."""
+        current = self.current()
+        if current is None or self.failure(current) is None:
+            return current
+        return self._good_before(current)
 
     def log(self, event: str, **fields) -> dict:
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "event": event, **fields}
