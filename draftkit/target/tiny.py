@@ -76,8 +76,8 @@ def build_tiny(info: TargetInfo) -> Path:
     final = artifacts.home() / "targets" / f"{info.name}-{key}"
     if (final / "meta.json").is_file():
         return final
-    tok = _qwen3_tokenizer() if info.family == "qwen3" else _tiny_tokenizer(info.vocab_size)
-    cfg = _model_config(info, tok)
+    tok = tokenizer_for(info)
+    cfg = model_config(info, tok)
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -93,7 +93,14 @@ def build_tiny(info: TargetInfo) -> Path:
     return final
 
 
-def _model_config(info: TargetInfo, tok):
+def tokenizer_for(info: TargetInfo):
+    """The family's in-process tokenizer: Qwen3's real BPE for qwen3, else a small BPE trained
+    up to `info.vocab_size` tokens (ChatML template either way)."""
+    return _qwen3_tokenizer() if info.family == "qwen3" else _tiny_tokenizer(info.vocab_size)
+
+
+def model_config(info: TargetInfo, tok):
+    """The HF config of the registry entry's shapes (Llama or Qwen3), special ids from `tok`."""
     from transformers import LlamaConfig, Qwen3Config
 
     cls = Qwen3Config if info.family == "qwen3" else LlamaConfig
@@ -103,7 +110,8 @@ def _model_config(info: TargetInfo, tok):
         num_attention_heads=info.num_attention_heads,
         num_key_value_heads=info.num_key_value_heads, head_dim=info.head_dim,
         max_position_embeddings=info.max_position_embeddings, rms_norm_eps=info.rms_norm_eps,
-        rope_theta=info.rope_theta, tie_word_embeddings=info.tie_word_embeddings,
+        rope_theta=info.rope_theta, rope_scaling=info.rope_scaling,
+        tie_word_embeddings=info.tie_word_embeddings,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
