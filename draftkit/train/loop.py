@@ -172,7 +172,9 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
     from accelerate import Accelerator
     from tqdm.auto import tqdm
 
-    acc = Accelerator(cpu=cfg.device == "cpu" or not torch.cuda.is_available())
+    acc = Accelerator(cpu=_cpu_only(cfg), device_placement=False)  # placement is ours
+    device = train_device(cfg)  # the model and every batch
+    model.to(device)  # before the optimizer sees the parameters
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
     torch.manual_seed(cfg.seed)
@@ -206,12 +208,13 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
                                               acc.num_processes))
         while state.micro < usable and state.step < total and not _out_of_time(cfg, state):
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            mine = [next(stream) for _ in range(cfg.grad_accum)]  # this rank's share of the step
+            mine = [to_device(next(stream), device)  # this rank's share of the step
+                    for _ in range(cfg.grad_accum)]
             losses, metrics = [], {}
             for i, batch in enumerate(mine):
                 last = i == len(mine) - 1
                 with contextlib.nullcontext() if last else acc.no_sync(model), \
-                        autocast(cfg, acc.device):
+                        autocast(cfg, device):
                     loss, metrics = model(batch)
                     acc.backward(loss / len(mine))  # mean over the accumulated micro-batches
                 losses.append(loss.detach())
@@ -225,7 +228,7 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
             state.step += 1
             steps_this_call += 1
             # rank means: every rank then holds the same cpu_s and stops at the same step
-            step_cpu = torch.tensor(time.process_time() - cpu0, device=acc.device)
+            step_cpu = torch.tensor(time.process_time() - cpu0, device=device)
             loss_avg, step_cpu = acc.reduce(torch.stack([torch.stack(losses).mean().float(),
                                                          step_cpu]), reduction="mean").tolist()
             state.cpu_s += step_cpu
@@ -235,7 +238,7 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
                       "cpu_s": state.cpu_s, "wall_s": state.wall_s,
                       **{f"train/{k}": v for k, v in metrics.items() if isinstance(v, float)}}
             if state.step % cfg.eval_every == 0 or done:
-                with autocast(cfg, acc.device):
+                with autocast(cfg, device):
                     record.update(_evaluate(raw, evaluate, state, out_dir, acc, select_metric))
             history.append(record)
             if state.step % tracking.log_every == 0 or "eval/" + select_metric in record:
@@ -265,6 +268,28 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
                              best_metric={select_metric: state.best_metric})
     acc.wait_for_everyone()
     return FitResult(state, history, _best_dir(out_dir))
+
+
+def _cpu_only(cfg: TrainConfig) -> bool:
+    return cfg.device == "cpu" or not torch.cuda.is_available()
+
+
+def train_device(cfg: TrainConfig) -> torch.device:
+    """Where the model and its batches live: for `train.device=auto` accelerate's device for
+    this process (under `accelerate launch` each rank's own GPU, set as the current device),
+    else the device `train.device` names. Call it before loading the target, so that each rank
+    loads it onto its own GPU."""
+    from accelerate import PartialState
+
+    state = PartialState(cpu=_cpu_only(cfg))  # the process group + current device, once
+    return state.device if cfg.device == "auto" else torch.device(cfg.device)
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """Every tensor of a batch on `device` (batches are built on the CPU, in DataLoader
+    workers or by the target's capture)."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()}
 
 
 def _out_of_time(cfg: TrainConfig, state: LoopState) -> bool:

@@ -162,14 +162,16 @@ def make_evaluator(build: BatchBuilder, batch_tokens: int):
                                           pad_multiple=build.pad_multiple), build)
 
     def evaluate(model) -> dict:
-        return aggregate([model(batch)[1] for batch in batches.stream(range(len(batches)))])
+        device = next(model.parameters()).device
+        return aggregate([model(loop.to_device(batch, device))[1]
+                          for batch in batches.stream(range(len(batches)))])
     return evaluate
 
 
 def train(run_dir: Path, overrides: list[str] | None = None,
           stop_after: int | None = None) -> Path:
     """Train the run's draft; returns the train dir (best checkpoint in train/best)."""
-    from draftkit.target.load import default_device, load_target
+    from draftkit.target.load import load_target
 
     run = config.open_run(run_dir, overrides)
     cfg = run.cfg
@@ -187,7 +189,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         raise DraftkitError(f"train.feature_noise is a std relative to the features' RMS: "
                             f"use a small value like 0.05 (0 = off), got {cfg.train.feature_noise}")
     data_runs = [run.paths, *_extra_runs(run)]  # checked before the target loads
-    device = default_device() if cfg.train.device == "auto" else cfg.train.device
+    device = loop.train_device(cfg.train)  # this rank's GPU under accelerate launch
     dtype = torch.float32  # master weights and batches; train.dtype sets autocast (loop.py)
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)

@@ -67,9 +67,7 @@ class DraftLM(nn.Module):
         need = valid & _next(learn)  # [B, T] positions p whose x_{p+1} is learned
         hidden = self.lm.get_decoder()(input_ids=ids, attention_mask=batch["attention_mask"],
                                        use_cache=False).last_hidden_state  # [B, T, Hd] normed
-        device = hidden.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
-            else torch.float32  # the lm_head matmuls follow train.dtype
+        dtype = _autocast_dtype(hidden.device.type)  # the lm_head matmuls follow train.dtype
         head = self.lm.get_output_embeddings().weight  # [V, Hd] (tied: the embedding)
         loss_sum, kl_sum, ce_sum, hits = losses.LinearDistill.apply(
             hidden[need], head, batch["last"][need], _next(ids)[need],  # [N, Hd], [N, H], [N]
@@ -87,6 +85,16 @@ class DraftLM(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         self.lm.save_pretrained(directory, safe_serialization=True)
         return directory
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype:
+    """The dtype autocast computes in on this device type; float32 when it is off, or when the
+    device type has no autocast at all."""
+    try:
+        on = torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # "unknown device type for autocast"
+        return torch.float32
+    return torch.get_autocast_dtype(device_type) if on else torch.float32
 
 
 def _next(x: torch.Tensor) -> torch.Tensor:
