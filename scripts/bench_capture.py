@@ -26,7 +26,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 TARGET = "tiny-llama"
 RUN = ["draft.draft_vocab_size=256", "draft.aux_layer_ids=[1, 3, 5]", "tracking.backend=none"]
-REFRESH = ["refresh.budget_steps=20", "refresh.min_gain=-1", "refresh.batch_tokens=4096"]
+REFRESH = ["refresh.budget_steps=20", "refresh.gate=false", "refresh.batch_tokens=4096"]
 MODES = ("online", "harvest")
 
 

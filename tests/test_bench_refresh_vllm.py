@@ -62,7 +62,7 @@ def test_bench_smoke(tmp_path, tiny_target):
                         "max_model_len=512", f"work_dir={tmp_path / 'work'}",
                         "draft_sampling=probabilistic",  # the product's default drafting
                         "refresh_overrides=[refresh.budget_steps=10, refresh.lr=3e-3,"
-                        " refresh.min_gain=-1]"])
+                        " refresh.gate=false]"])
     result = json.loads((tmp_path / "out" / "bench_refresh.json").read_text())
     assert list(result["rows"]) == ["v0/v0", "stale", "refreshed", "ngram", "none"]
     for row in result["rows"].values():

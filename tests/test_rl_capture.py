@@ -17,7 +17,7 @@ from draftkit.rl.refresh import refresh
 
 # several fine-tune batches (padded: rows of different lengths) over several shards
 BASE = ["refresh.budget_steps=30", "refresh.lr=3e-3", "refresh.batch_tokens=256",
-        "refresh.min_gain=-1", "harvest.shard_tokens=256"]
+        "refresh.gate=false", "harvest.shard_tokens=256"]
 FP32 = [*BASE, "harvest.dtype=float32"]
 
 
@@ -149,7 +149,7 @@ def test_rejected_job_removes_its_capture(setup, tmp_path):
     run = make_run(tmp_path, setup["target"], name="rejected")
     res = refresh(run, setup["policy"], [setup["r1"]],
                   [*FP32, "refresh.capture=harvest", "refresh.budget_steps=2",
-                   "refresh.min_gain=100"])
+                   "refresh.min_gain=100", "refresh.gate=true"])
     assert res["status"] == "rejected" and res["lineage"]["capture"]["mode"] == "harvest"
     assert not (DraftStore(run).root / capture.ROOT).exists()
 

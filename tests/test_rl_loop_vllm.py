@@ -49,8 +49,8 @@ def test_loop_updates_policy_in_engine_and_refreshes_draft(tmp_path, tiny_target
         "target=tiny-llama", "draft=eagle3", f"draft_run={run}", "steps=2",
         "prompts_per_step=2", "group_size=3", "max_tokens=24", "lr=1e-2", "max_model_len=512",
         "refresh_every=1", "tracking.backend=none",
-        "refresh_overrides=[refresh.budget_steps=20, refresh.lr=3e-3, refresh.min_gain=-1,"
-        " refresh.min_probe_al=0.0, refresh.probe_max_tokens=16]"])
+        "refresh_overrides=[refresh.budget_steps=20, refresh.lr=3e-3, refresh.gate=false,"
+        " refresh.probe_max_tokens=16]"])
     out = tmp_path / "out"
     records = grpo_loop.run(cfg, out)
     assert [r["step"] for r in records] == [0, 1]

@@ -17,8 +17,8 @@ from draftkit.rl.publish import DraftStore, RefreshLocked
 from draftkit.rl.refresh import refresh
 
 FAST = ["refresh.budget_steps=40", "refresh.lr=3e-3", "refresh.batch_tokens=2048"]
-# the crash test is about publishing, not gain: accept any draft (min_gain -1)
-SECOND = [*FAST, "refresh.replay=4", "refresh.min_gain=-1"]
+# the crash test is about publishing, not gain: accept any draft (refresh.gate=false)
+SECOND = [*FAST, "refresh.replay=4", "refresh.gate=false"]
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_cli_verbs(setup, capsys):
     n = len(store.versions())
     # overrides after the rollout list are overrides, not rollout paths
     assert cli.run(["refresh", *args, "--budget-steps", "3", "--policy-step", "7",
-                    "refresh.min_gain=-1", "refresh.batch_tokens=2048"]) == 0
+                    "refresh.gate=false", "refresh.batch_tokens=2048"]) == 0
     assert len(store.versions()) == n + 1
     lin = store.lineage(store.current())
     assert lin["steps"] == 3 and lin["policy"]["step"] == 7 and len(lin["rollouts"]) == 1

@@ -15,8 +15,8 @@ def test_interval_and_al_drop_triggers_then_refresh_in_memory(tmp_path, tiny_tar
     run = make_run(tmp_path / "runs", tiny_target)
     f = write_rollouts(tiny_target, tmp_path / "r.jsonl", 12)
     rows = [json.loads(x) for x in f.read_text().splitlines()]
-    r = DraftRefresher(run, ["refresh.budget_steps=30", "refresh.lr=3e-3", "refresh.min_gain=-1"],
-                       every=3, al_drop=0.2)  # min_gain -1: this test is about the flow
+    r = DraftRefresher(run, ["refresh.budget_steps=30", "refresh.lr=3e-3", "refresh.gate=false"],
+                       every=3, al_drop=0.2)  # no gate: this test is about the flow
     assert not r.should_refresh()  # nothing observed
     r.observe(rows[:6], policy_step=1, al=2.0)  # the first AL after a (re)start: the reference
     assert not r.should_refresh() and r.al_ref == 2.0

@@ -242,6 +242,35 @@ class RefreshConfig:
     probe_max_tokens: int = 64
     min_probe_al: float = 1.2  # swap health check: engine AL on the probes must exceed this
     poll_s: float = 10.0  # watch: seconds between scans of the checkpoint/rollout dirs
+    # the gate: publish only with at least this many held-out draft starts (response positions
+    # where a draft of k begins, as drift.estimate counts them); fewer = "undecided"
+    min_heldout_starts: int = 64
+    # true = publish only if held-out AL rose by > min_gain (the product); false = publish
+    # every finished job unjudged (smoke tests and benchmarks; the lineage and the log say so)
+    gate: bool = True
+    # watch: a rollout file without a NAME.jsonl.done marker is used only once it has not
+    # changed for this many seconds (a safety net: writers should rename into place)
+    rollout_settle_s: float = 30.0
+
+    def check(self) -> None:
+        """Ranges a gate needs to mean something (ConfigError naming the key and the fix)."""
+        problems = []
+        if not self.min_gain >= 0:
+            problems.append(f"refresh.min_gain={self.min_gain} must be >= 0 (a negative gain "
+                            "publishes worse drafts; to publish unjudged, set refresh.gate=false)")
+        if not self.min_probe_al > 1.0:
+            problems.append(f"refresh.min_probe_al={self.min_probe_al} must be > 1.0 (AL 1.0 "
+                            "is a draft that never gets a token accepted)")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            problems.append(f"refresh.heldout_fraction={self.heldout_fraction} must be in (0, "
+                            "1): some prompts train, the others judge (e.g. 0.2)")
+        if self.min_heldout_starts < 1:
+            problems.append(f"refresh.min_heldout_starts={self.min_heldout_starts} must be "
+                            ">= 1 (e.g. 64)")
+        if self.rollout_settle_s < 0:
+            problems.append(f"refresh.rollout_settle_s={self.rollout_settle_s} must be >= 0")
+        if problems:
+            raise ConfigError("; ".join(problems))
 
 
 @dataclass
@@ -377,6 +406,7 @@ def load(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     cfg = from_dict(data)
     if overrides:
         merge(cfg, parse_overrides(overrides))
+    cfg.refresh.check()
     return cfg
 
 

@@ -187,10 +187,26 @@ class DraftStore:
         return record
 
     def events(self) -> list[dict]:
+        """Every event of the log; a torn line (a crash mid-write) is skipped with a warning,
+        and a record appended onto it (`{"time": ...` after the torn part) is kept."""
+        import warnings
+
         if not self.log_path.is_file():
             return []
-        lines = self.log_path.read_text().splitlines()
-        return [json.loads(x) for x in lines if x.strip()]
+        out = []
+        for n, line in enumerate(self.log_path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+                continue
+            except ValueError:
+                warnings.warn(f"{self.log_path}:{n}: torn line skipped ({line[:80]!r})",
+                              stacklevel=2)
+            glued = line.rfind('{"time": ', 1)  # a record appended after the torn part
+            with contextlib.suppress(ValueError):
+                out += [json.loads(line[glued:])] if glued > 0 else []
+        return [e for e in out if isinstance(e, dict)]
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:

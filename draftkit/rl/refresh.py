@@ -6,89 +6,112 @@ is better than the current draft on the current policy.
     draftkit refresh runs/rl --policy ckpts/step_200 --rollouts rollouts/ --replay 512 --budget-s 120
     python -c "from draftkit import api; api.refresh('runs/tiny', 'ckpt', ['r.jsonl'])"
 
-Steps, under the run's refresh lock: read and check the rollouts (policy tokenizer); hold out
-a deterministic `refresh.heldout_fraction` of them; add up to `refresh.replay` rows of the
-rollouts earlier refreshes trained on (their features recaptured with the new policy); load
-the current draft with the policy's frozen parts; estimate its AL on the held-out rows
-(drift.py); capture the policy's features on the train + replay rows (`refresh.capture`:
-online in RAM, or harvest shards under drafts/.capture/<job>/ that a rerun reuses; capture.py);
-fine-tune within the budget; estimate again; publish if AL rose by more than
-`refresh.min_gain`, else log the reason. Every outcome goes to `drafts/refresh-log.jsonl`.
-A job is keyed by (policy hash, rollout sha256s, settings); a rerun after a crash finishes it,
-and a rerun after success does nothing: nothing is published twice.
+Steps, under the run's refresh lock: read and check the rollouts (policy tokenizer; a file met
+twice, a symlink or a copy, counts once; identical rows once; rows past `refresh.max_seq_len`
+are cut and counted); hold out a deterministic `refresh.heldout_fraction` of the *prompts*
+(all samples of a prompt, a GRPO group, stay on one side); refuse to decide ("undecided") when
+the held-out rows give fewer than `refresh.min_heldout_starts` draft starts; add up to
+`refresh.replay` rows of the rollouts earlier refreshes trained on (their features recaptured
+with the new policy; rows of held-out prompts left out; a replay file that is gone or changed
+is an error); load the current draft with the policy's frozen parts; estimate its AL on the
+held-out rows (drift.py); capture the policy's features on the train + replay rows
+(`refresh.capture`: online in RAM, or harvest shards under drafts/.capture/<job>/ that a rerun
+reuses; capture.py); fine-tune within the budget; estimate again; publish if AL rose by more
+than `refresh.min_gain` (`refresh.gate=false`: publish unjudged), else log the reason. Every
+outcome goes to `drafts/refresh-log.jsonl`; the lineage records rows read, cut and dropped.
+Reruns (jobs.py): a job is keyed by its inputs and its parent version; a rerun after a crash
+finishes it, a rerun after success does nothing, and a rerun after newer versions were
+published is "superseded": `current` never moves backwards.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
-from draftkit.rl import capture, drift, finetune, kinds, rollouts
+from draftkit.rl import capture, drift, finetune, jobs, kinds, rollouts
 from draftkit.rl.policy import Policy, check_lineage, load_policy
 from draftkit.rl.publish import DraftStore
 
 
 def heldout_split(rows: list[rollouts.Rollout], fraction: float) -> tuple[list, list]:
-    """(train, heldout): rows ranked by a hash of file:line, the first ceil(fraction * n) held
-    out (at least one, and at least one left to train on)."""
-    if len(rows) < 2:
-        raise DraftkitError(f"a refresh needs at least 2 rollouts (one to train, one held out "
-                            f"to compare drafts), got {len(rows)}")
-    def rank(i: int) -> str:  # file name + line: the same rows wherever the files live
-        return hashlib.sha256(Path(rows[i].source).name.encode()).hexdigest()
-
-    ranked = sorted(range(len(rows)), key=rank)
-    n = min(len(rows) - 1, max(1, int(-(-fraction * len(rows) // 1))))
-    held = set(ranked[:n])
+    """(train, heldout) by prompt: rows grouped by a hash of their prompt token ids (GRPO
+    siblings share one), groups ranked by that hash, the first ceil(fraction * groups) held
+    out (at least one, and at least one left to train on). Deterministic, wherever the files
+    live and in whatever order they come."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(rollouts.prompt_key(r), []).append(i)
+    if len(groups) < 2:
+        raise DraftkitError(f"a refresh needs rollouts of at least 2 distinct prompts (one "
+                            f"trains, one is held out to compare drafts), got {len(rows)} "
+                            f"rows of {len(groups)} prompt(s)")
+    ranked = sorted(groups)
+    n = min(len(groups) - 1, max(1, int(-(-fraction * len(groups) // 1))))
+    held = {i for key in ranked[:n] for i in groups[key]}
     return [r for i, r in enumerate(rows) if i not in held], [rows[i] for i in sorted(held)]
 
 
-def replay_rows(store: DraftStore, exclude: set[str], n: int, tok, vocab: int,
-                max_len: int) -> tuple[list, list[str]]:
-    """Up to n rows of rollout files earlier versions trained on (newest version first)."""
+def draft_starts(rows: list[rollouts.Rollout]) -> int:
+    """Draft starts drift.estimate scores on `rows` (its "starts"): indices t where x_{t+1} and
+    x_{t+2} are both response tokens, e.g. a 24-token response gives 23."""
+    return sum(sum(1 for i in range(1, len(r.loss_mask) - 1)
+                   if r.loss_mask[i] and r.loss_mask[i + 1]) for r in rows)
+
+
+def replay_rows(store: DraftStore, exclude: set[str], n: int, tok, vocab: int, max_len: int,
+                stats: rollouts.ReadStats | None = None) -> tuple[list, list[str]]:
+    """Up to n rows of rollout files earlier versions trained on (newest version first). A
+    file a lineage names must still be there, unchanged: else DraftkitError naming it."""
     rows, files = [], []
     for version in reversed(store.versions()):
         for f in store.lineage(version).get("rollouts", []):
             path = f["path"]
-            if len(rows) >= n or path in exclude or path in files or not Path(path).is_file():
+            if len(rows) >= n or {path, f["sha256"]} & exclude or path in files:
                 continue
+            _check_replay_file(version, f)
             files.append(path)
-            rows += rollouts.read_rollouts([path], tok, vocab, max_len)
+            exclude.add(f["sha256"])
+            rows += rollouts.read_rollouts([path], tok, vocab, max_len, stats=stats)
     return rows[:n], files
 
 
-def job_key(policy: Policy, digests: list[dict], rcfg) -> str:
-    """Same policy, same rollout files, same settings = same job (whatever is current now)."""
-    settings = {k: getattr(rcfg, k) for k in ("replay", "budget_steps", "budget_s", "lr",
-                                              "batch_tokens", "heldout_fraction", "min_gain",
-                                              "temperature", "draft_sampling", "seed")}
-    blob = json.dumps([policy.digest, [d["sha256"] for d in digests], settings],
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def _check_replay_file(version: str, f: dict) -> None:
+    fix = ("restore it (lineages name rollout files by path and sha256), or set "
+           "refresh.replay=0 to refresh without replay")
+    if not Path(f["path"]).is_file():
+        raise DraftkitError(f"replay: {version}'s lineage names rollout file {f['path']}, "
+                            f"which is gone; {fix}")
+    if artifacts.sha256_file(f["path"]) != f["sha256"]:
+        raise DraftkitError(f"replay: rollout file {f['path']} changed since {version} "
+                            f"trained on it (sha256 differs); {fix}")
 
 
-def _finish_existing(store: DraftStore, version: str, job: str) -> dict:
-    """The job already produced `version`: make it current if the crash came before that."""
-    if store.current() != version:
-        store.set_current(version)
-        store.log("resumed", job=job, version=version, detail="moved current after a crash")
-    return {"status": "published", "version": version, "job": job, "resumed": True,
-            "lineage": store.lineage(version)}
+@dataclass
+class Job:
+    cfg: config.RunConfig
+    kind: object
+    store: DraftStore
+    policy: Policy
+    digests: list[dict]  # the rollout files read, each once
+    parent: str  # the version current when the job started ("export" before the first)
+    inputs: str  # jobs.inputs_key
+    job: str  # jobs.job_key(inputs, parent)
+    dropped: dict = field(default_factory=dict)  # duplicate_files, set_aside_files
 
 
 def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: list,
             overrides: list[str] | None = None, should_stop=lambda: False,
-            policy_step: int | None = None) -> dict:
-    """Run one refresh job; returns {"status": published|rejected, "version", "job", ...}.
-    `policy_step` defaults to the checkpoint's own, else the newest the rollouts name."""
+            policy_step: int | None = None, set_aside: list[dict] | None = None) -> dict:
+    """Run one refresh job; returns {"status": published|rejected|undecided|superseded,
+    "version", "job", ...}. `policy_step` defaults to the checkpoint's own, else the newest the
+    rollouts name; `set_aside` ([{"path", "reason"}], from watch) goes into the lineage."""
     run_dir = config.run_dir_of(run_dir)
     cfg = config.load(run_dir, overrides)
-    rc = cfg.refresh
-    capture.check_mode(rc.capture)
+    capture.check_mode(cfg.refresh.capture)
     kind = kinds.get(cfg.draft.kind)
     store = DraftStore(run_dir)
     with store.lock():
@@ -97,79 +120,141 @@ def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: lis
             policy = load_policy(policy, step=policy_step, dtype=cfg.target.dtype,
                                  device=cfg.train.device if cfg.train.device != "auto" else "cpu")
         check_lineage(policy, cfg)
-        files = rollouts.rollout_files(rollout_paths)
-        digests = rollouts.file_digests(files)
-        parent = store.current() or "export"
-        job = job_key(policy, digests, rc)
-        if (done := store.find_job(job)) is not None:
-            capture.remove(store, job)  # a crash may have come before its removal
-            return _finish_existing(store, done, job)
-        rejected = [e for e in store.events() if e.get("job") == job and e["event"] == "rejected"]
-        if rejected:
-            capture.remove(store, job)
-            return {"status": "rejected", "version": None, "job": job, "resumed": True,
-                    "reason": rejected[-1]["reason"]}
-        return _run_job(cfg, kind, store, policy, files, digests, parent, job, should_stop)
+        digests, duplicates = rollouts.unique_files(rollouts.rollout_files(rollout_paths))
+        parent = store.parent() or "export"  # current, never a version marked failed
+        inputs = jobs.inputs_key(policy.digest, digests, cfg)
+        job = jobs.job_key(inputs, parent)
+        if (done := jobs.earlier(store, inputs, job, parent)) is not None:
+            return done
+        dropped = {"duplicate_files": duplicates, "set_aside_files": list(set_aside or [])}
+        return _run_job(Job(cfg, kind, store, policy, digests, parent, inputs, job, dropped),
+                        should_stop)
 
 
-def _run_job(cfg, kind, store, policy, files, digests, parent, job, should_stop) -> dict:
+@dataclass
+class Rows:
+    train: list
+    held: list
+    replay: list
+    info: dict  # lineage "rows"
+    replay_info: dict  # lineage "replay"
+
+
+def _read_rows(j: Job) -> Rows:
+    """The job's rows: read (cut counted), deduplicated, split by prompt, plus replay."""
+    rc, vocab, tok = j.cfg.refresh, j.cfg.target.vocab_size, j.policy.tokenizer
+    stats = rollouts.ReadStats()
+    rows = rollouts.read_rollouts([d["path"] for d in j.digests], tok, vocab, rc.max_seq_len,
+                                  stats=stats)
+    rows, n_dup = rollouts.dedupe_rows(rows)
+    if j.policy.step is None:  # the newest policy_step the rollouts name
+        j.policy.step = max((r.policy_step for r in rows if r.policy_step is not None),
+                            default=None)
+    train, held = heldout_split(rows, rc.heldout_fraction)
+    exclude = {d["path"] for d in j.digests} | {d["sha256"] for d in j.digests}
+    rstats = rollouts.ReadStats()
+    replay, files = replay_rows(j.store, exclude, rc.replay, tok, vocab, rc.max_seq_len, rstats)
+    held_prompts = {rollouts.prompt_key(r) for r in held}
+    kept = [r for r in replay if rollouts.prompt_key(r) not in held_prompts]
+    if stats.cut:
+        print(f"refresh: {stats.cut} of {stats.rows} rollout rows cut to refresh.max_seq_len="
+              f"{rc.max_seq_len} ({stats.cut_tokens} tokens dropped; e.g. "
+              f"{stats.cut_sources[0]})")
+    info = {"read": stats.rows, "train": len(train), "heldout": len(held),
+            "heldout_prompts": len(held_prompts), "heldout_starts": draft_starts(held),
+            "cut": stats.cut, "cut_tokens": stats.cut_tokens,
+            "dropped": {"duplicate_rows": n_dup, **j.dropped}}
+    replay_info = {"rows": len(kept), "files": files, "cut": rstats.cut,
+                   "dropped_heldout_prompts": len(replay) - len(kept)}
+    return Rows(train, held, kept, info, replay_info)
+
+
+def _undecided(j: Job, rows: Rows) -> dict:
+    rc, n = j.cfg.refresh, rows.info["heldout_starts"]
+    reason = (f"only {n} held-out draft starts ({rows.info['heldout']} rows of "
+              f"{rows.info['heldout_prompts']} prompts held out of {rows.info['read']}), "
+              f"fewer than refresh.min_heldout_starts={rc.min_heldout_starts}: too few to tell "
+              "a better draft from noise. Pass more rollouts, raise refresh.heldout_fraction "
+              f"(now {rc.heldout_fraction}), or lower refresh.min_heldout_starts")
+    j.store.log("undecided", job=j.job, inputs=j.inputs, parent=j.parent, reason=reason,
+                rows=rows.info)
+    print(f"refresh undecided: {reason}")
+    return {"status": "undecided", "version": None, "job": j.job, "resumed": False,
+            "reason": reason}
+
+
+def _run_job(j: Job, should_stop) -> dict:
+    cfg, kind, store, policy = j.cfg, j.kind, j.store, j.policy
     rc, k, t0 = cfg.refresh, cfg.draft.num_speculative_tokens, time.perf_counter()
-    vocab = cfg.target.vocab_size
-    rows = rollouts.read_rollouts(files, policy.tokenizer, vocab, rc.max_seq_len)
-    if policy.step is None:  # the newest policy_step the rollouts name
-        policy.step = max((r.policy_step for r in rows if r.policy_step is not None), default=None)
-    train_rows, held = heldout_split(rows, rc.heldout_fraction)
-    replay, replay_files = replay_rows(store, {d["path"] for d in digests}, rc.replay,
-                                       policy.tokenizer, vocab, rc.max_seq_len)
-    model = kind.load(store.current_dir(), policy.model, k)
+    rows = _read_rows(j)
+    if rc.gate and rows.info["heldout_starts"] < rc.min_heldout_starts:
+        return _undecided(j, rows)
+    jobs.mark_started(store, j.inputs, j.job, j.parent)
+    model = kind.load(_parent_dir(store, j.parent), policy.model, k)
     temps = sorted({0.0, rc.temperature})
 
     def measure() -> dict:
-        return drift.estimate(kind, model, policy.model, held, k, temps, rc.draft_sampling,
-                              rc.batch_tokens)
+        return drift.estimate(kind, model, policy.model, rows.held, k, temps,
+                              rc.draft_sampling, rc.batch_tokens)
 
     before = measure()
-    cap = capture.capture(kind, model, policy, train_rows + replay, cfg, store, job, should_stop)
+    cap = capture.capture(kind, model, policy, rows.train + rows.replay, cfg, store, j.job,
+                          should_stop)
     fit = finetune.finetune(model, cap.batches, rc.budget_steps, rc.budget_s, rc.lr, rc.seed,
                             should_stop=should_stop)
     after = measure()
     key = drift.label(rc.temperature)
     gain = after[key]["al"] - before[key]["al"]
     lineage = {
-        "job": job, "parent": parent, "policy": {"source": policy.source,
-                                                 "sha256": policy.digest, "step": policy.step},
-        "rollouts": digests, "replay": {"rows": len(replay), "files": replay_files},
-        "rows": {"train": len(train_rows), "heldout": len(held)},
+        "job": j.job, "inputs": j.inputs, "parent": j.parent,
+        "policy": {"source": policy.source, "sha256": policy.digest, "step": policy.step},
+        "rollouts": j.digests, "replay": rows.replay_info, "rows": rows.info,
         "al_before": before, "al_after": after, "decided_on": key, "gain": gain,
-        "steps": fit.steps, "tokens_trained": fit.tokens, "train_s": fit.seconds,
-        "loss": {"first": fit.first_loss, "last": fit.last_loss},
+        "gate": rc.gate, "steps": fit.steps, "tokens_trained": fit.tokens,
+        "train_s": fit.seconds, "loss": {"first": fit.first_loss, "last": fit.last_loss},
         "wall_s": time.perf_counter() - t0, "draft_kind": kind.name, "k": k,
-        "capture": cap.info,
+        "max_seq_len": rc.max_seq_len, "capture": cap.info,
     }
-    if not gain > rc.min_gain:
+    if rc.gate and not gain > rc.min_gain:
         reason = (f"AL {key} after {after[key]['al']:.3f} is not above before "
                   f"{before[key]['al']:.3f} + refresh.min_gain={rc.min_gain}")
-        store.log("rejected", job=job, parent=parent, reason=reason, **_brief(lineage))
-        capture.remove(store, job)
+        store.log("rejected", job=j.job, inputs=j.inputs, parent=j.parent, reason=reason,
+                  **_brief(lineage))
+        capture.remove(store, j.job)
         print(f"refresh rejected: {reason}")
-        return {"status": "rejected", "version": None, "job": job, "reason": reason,
+        return {"status": "rejected", "version": None, "job": j.job, "reason": reason,
                 "lineage": lineage}
+    return _publish(j, model, lineage, t0)
+
+
+def _parent_dir(store: DraftStore, parent: str) -> Path:
+    if parent != "export":
+        return store.root / parent
+    if store.current() is None:
+        return store.current_dir()  # the export, or an error saying how to make one
+    return artifacts.RunPaths(store.run).export  # `current` is a failed version
+
+
+def _publish(j: Job, model, lineage: dict, t0: float) -> dict:
+    store, key = j.store, lineage["decided_on"]
     version = store.next_version()
     lineage["version"] = version
     lineage["wall_s"] = time.perf_counter() - t0
 
     def write(tmp: Path, final: Path) -> None:
-        kind.export(model, tmp, final, cfg)
-        artifacts.write_meta(tmp, "refresh", cfg.to_dict(), {"wall_s": lineage["wall_s"]},
-                             version=version, parent=parent, job=job)
+        j.kind.export(model, tmp, final, j.cfg)
+        artifacts.write_meta(tmp, "refresh", j.cfg.to_dict(), {"wall_s": lineage["wall_s"]},
+                             version=version, parent=j.parent, job=j.job)
 
     store.publish(version, write, lineage)
     store.set_current(version)
-    store.log("published", job=job, version=version, **_brief(lineage))
-    capture.remove(store, job)
-    print(f"refresh published {store.root / version}: AL {key} {before[key]['al']:.3f} -> "
-          f"{after[key]['al']:.3f} ({fit.steps} steps, {fit.seconds:.1f} s)")
-    return {"status": "published", "version": version, "job": job, "resumed": False,
+    store.log("published", job=j.job, inputs=j.inputs, version=version, **_brief(lineage))
+    capture.remove(store, j.job)
+    unjudged = "" if lineage["gate"] else " unjudged (refresh.gate=false)"
+    print(f"refresh published{unjudged} {store.root / version}: AL {key} "
+          f"{lineage['al_before'][key]['al']:.3f} -> {lineage['al_after'][key]['al']:.3f} "
+          f"({lineage['steps']} steps, {lineage['train_s']:.1f} s)")
+    return {"status": "published", "version": version, "job": j.job, "resumed": False,
             "lineage": lineage}
 
 
@@ -177,4 +262,4 @@ def _brief(lineage: dict) -> dict:
     key = lineage["decided_on"]
     return {"policy_step": lineage["policy"]["step"], "al_before": lineage["al_before"][key]["al"],
             "al_after": lineage["al_after"][key]["al"], "steps": lineage["steps"],
-            "wall_s": lineage["wall_s"]}
+            "wall_s": lineage["wall_s"], "gate": lineage["gate"]}

@@ -9,12 +9,16 @@ One JSON object per line, in one of three shapes (extra keys are kept out of the
     {"prompt_ids": [...], "response_ids": [...]}         token ids of the policy's tokenizer
 optional: "policy_step" (int), "reward" (float), "temperature" (float).
 A bad row raises DraftkitError naming file:line and what to fix; nothing is read half-way.
+Rows longer than refresh.max_seq_len are cut and counted (`ReadStats`); the same file under two
+names (a `latest.jsonl` symlink, a copy) counts once (`unique_files`), identical rows once
+(`dedupe_rows`), and a GRPO group (rows of one prompt) is one `prompt_key`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftkit.core import artifacts
@@ -32,12 +36,26 @@ class Rollout:
     temperature: float | None = None
 
 
+@dataclass
+class ReadStats:
+    """What `read_rollouts(..., stats=)` saw besides the rows it returns."""
+    rows: int = 0  # rows read
+    cut: int = 0  # rows cut to max_seq_len (their tail past it is not trained on or scored)
+    cut_tokens: int = 0  # tokens dropped by those cuts
+    cut_sources: list[str] = field(default_factory=list)  # file:line of the first 10 cut rows
+
+
+def prompt_key(row: Rollout) -> str:
+    """sha256 of the prompt token ids: GRPO siblings (one prompt, G samples) share it."""
+    return hashlib.sha256(json.dumps(row.input_ids[: row.prompt_len]).encode()).hexdigest()
+
+
 def rollout_files(paths: list[str | Path]) -> list[Path]:
     """Files named, or every *.jsonl of a named directory (sorted); missing paths are errors."""
     out: list[Path] = []
     for p in map(Path, paths):
-        if p.is_dir():
-            out += sorted(p.glob("*.jsonl"))
+        if p.is_dir():  # hidden files (.NAME.jsonl) are a writer's temp files
+            out += sorted(f for f in p.glob("*.jsonl") if not f.name.startswith("."))
         elif p.is_file():
             out.append(p)
         else:
@@ -51,6 +69,36 @@ def rollout_files(paths: list[str | Path]) -> list[Path]:
 
 def file_digests(files: list[Path]) -> list[dict]:
     return [{"path": str(Path(f).resolve()), "sha256": artifacts.sha256_file(f)} for f in files]
+
+
+def unique_files(files: list[Path]) -> tuple[list[dict], list[dict]]:
+    """(digests of the files to read, dropped): a file met again under another name (the same
+    resolved path: a symlink; or the same content: a copy) is read once, in first-seen order.
+    dropped = [{"path", "same_as", "why"}]."""
+    kept, dropped, by_sha, by_path = [], [], {}, {}
+    for d in file_digests(files):
+        if d["path"] in by_path:
+            dropped.append({"path": d["path"], "same_as": d["path"], "why": "same file"})
+        elif d["sha256"] in by_sha:
+            dropped.append({"path": d["path"], "same_as": by_sha[d["sha256"]],
+                            "why": "same content"})
+        else:
+            kept.append(d)
+            by_sha[d["sha256"]] = d["path"]
+        by_path[d["path"]] = True
+    return kept, dropped
+
+
+def dedupe_rows(rows: list[Rollout]) -> tuple[list[Rollout], int]:
+    """(rows, n dropped): a row identical to an earlier one (same tokens, same prompt/response
+    split) is dropped; it would count twice in the held-out AL and weigh twice in training."""
+    seen, out = set(), []
+    for r in rows:
+        key = (r.prompt_len, tuple(r.input_ids), tuple(r.loss_mask))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out, len(rows) - len(out)
 
 
 def _bad(where: str, problem: str) -> DraftkitError:
@@ -140,10 +188,10 @@ def _opt(where: str, row: dict, key: str, kind: type):
 
 
 def read_rollouts(paths: list[str | Path], tok, vocab_size: int,
-                  max_seq_len: int = 1 << 30) -> list[Rollout]:
+                  max_seq_len: int = 1 << 30, stats: ReadStats | None = None) -> list[Rollout]:
     """Every row of every file (in order), encoded and checked; rows longer than max_seq_len
-    are cut (a cut that leaves no response token is an error)."""
-    out = []
+    are cut (a cut that leaves no response token is an error), counted in `stats` if given."""
+    out, stats = [], ReadStats() if stats is None else stats
     for f in rollout_files(paths):
         with open(f, encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):
@@ -155,9 +203,14 @@ def read_rollouts(paths: list[str | Path], tok, vocab_size: int,
                 except json.JSONDecodeError as e:
                     raise _bad(where, f"not valid JSON ({e.msg})") from e
                 r = encode_row(where, row, tok, vocab_size)
+                if len(r.input_ids) > max_seq_len:
+                    stats.cut += 1
+                    stats.cut_tokens += len(r.input_ids) - max_seq_len
+                    stats.cut_sources += [where] if len(stats.cut_sources) < 10 else []
                 r.input_ids, r.loss_mask = r.input_ids[:max_seq_len], r.loss_mask[:max_seq_len]
                 if sum(r.loss_mask) == 0:
                     raise _bad(where, f"no response token within refresh.max_seq_len="
                                       f"{max_seq_len}")
                 out.append(r)
+    stats.rows += len(out)
     return out
