@@ -65,3 +65,94 @@ def test_train_runs_on_a_device_that_is_not_the_cpu(runs, kind, mode, tmp_path):
     assert [h["step"] for h in hist] == [1, 2]
     assert all(h["loss"] == h["loss"] for h in hist)  # not NaN
     assert (out / "best" / "meta.json").is_file()
+
+
+def _device_target(dev):
+    from draftkit.target.load import load_target
+
+    return load_target("tiny-llama", device=dev, dtype="float32")
+
+
+def test_harvest_on_the_device_writes_the_cpu_shards(runs, monkeypatch):
+    from _runs import copy_run
+    from safetensors.torch import load_file
+
+    from draftkit.target import load as target_load
+
+    cpu_run = runs["eagle3"]
+    run = copy_run(cpu_run, "eagle3-harvest", subs=("data",))
+    real = target_load.load_target
+    with one_thread(), device_guard() as dev:  # the rank's device, as accelerate gives it
+        monkeypatch.setattr(target_load, "load_target",
+                            lambda *a, device=None, **kw: real(*a, device=dev, **kw))
+        api.harvest(run)
+    names = sorted(p.name for p in (artifacts.RunPaths(cpu_run).harvest).glob("*.safetensors"))
+    assert names
+    for name in names:
+        want = load_file(str(artifacts.RunPaths(cpu_run).harvest / name))
+        got = load_file(str(artifacts.RunPaths(run).harvest / name))
+        assert set(got) == set(want)
+        for key in want:  # ids exact; features to fp32 rounding (ops under Python dispatch
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-4)  # decompose)
+
+
+def test_reference_decoder_step_on_the_device_equals_the_cpu(runs, tiny_target):
+    from _runs import AUX, chat_prompts, random_draft
+
+    from draftkit.eval.spec_decode import Eagle3Drafter, HFTarget, speculative_decode
+
+    prompt = chat_prompts(tiny_target.tokenizer, 1)[0]
+    draft = random_draft(runs["eagle3"], tiny_target.model)
+
+    def decode(model, head):
+        target = HFTarget(model, aux_layer_ids=AUX)
+        return speculative_decode(target, Eagle3Drafter(head, target), prompt, k=3,
+                                  max_new_tokens=8, temperature=0.0)
+
+    with one_thread():
+        want = decode(tiny_target.model, draft)
+        with device_guard() as dev:
+            got = decode(_device_target(dev).model, draft.to(dev))
+    assert got.tokens == want.tokens and got.counters == want.counters
+
+
+def _rollout_rows(tok, n: int = 4):
+    from draftkit.rl.rollouts import encode_row
+
+    rows = []
+    for i, p in enumerate(_rl_prompts(tok, n)):
+        resp = tok(f" {i} apples and {i + 3} books make {2 * i + 3} things.",
+                   add_special_tokens=False)["input_ids"]
+        rows.append(encode_row(f"mem:{i}", {"prompt_ids": p, "response_ids": resp}, tok,
+                               len(tok)))
+    return rows
+
+
+def _rl_prompts(tok, n):
+    from _rl_helpers import prompts
+
+    return prompts(tok, n)
+
+
+def test_drift_estimate_and_finetune_step_on_the_device(runs, tiny_target):
+    from _runs import random_draft
+
+    from draftkit.rl import drift, finetune, kinds
+
+    kind = kinds.get("eagle3")
+    rows = _rollout_rows(tiny_target.tokenizer)
+    head = random_draft(runs["eagle3"], tiny_target.model)
+    with one_thread():
+        want = drift.estimate(kind, head, tiny_target.model, rows, 3, [0.0, 1.0])
+        with device_guard() as dev:
+            policy = _device_target(dev).model
+            model = head.to(dev)
+            got = drift.estimate(kind, model, policy, rows, 3, [0.0, 1.0])
+            batches = finetune.feature_batches(kind, model, policy, rows, 256)
+            assert not any(on_device(v) for b in batches for v in b.values())  # host memory
+            fit = finetune.finetune(model, batches, steps=2, seconds=0, lr=1e-3)
+            assert all(on_device(p) for p in model.parameters())
+    for key in want:
+        assert got[key]["starts"] == want[key]["starts"] > 0
+        assert got[key]["al"] == pytest.approx(want[key]["al"], abs=1e-5)
+    assert fit.steps == 2 and fit.last_loss == fit.last_loss

@@ -91,3 +91,10 @@ def collate(seqs: list[dict[str, torch.Tensor]], dtype: torch.dtype,
                                    dtype if ref.is_floating_point() else torch.long, pad_multiple)
     out["attention_mask"] = mask
     return out
+
+
+def to_device(batch: dict, device: torch.device | str) -> dict:
+    """Every tensor of a batch on `device`: batches are built on the CPU (DataLoader workers,
+    harvest shards, padded rollouts) and moved where the model is just before its forward."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()}

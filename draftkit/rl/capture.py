@@ -119,7 +119,7 @@ def capture_shard(kind, model, policy_model, rows: list[Rollout], groups: list[l
             n = len(rows[i].input_ids)
             for name in FEATURES:
                 if name in feats:
-                    parts[name].append(feats[name][b, :n].to(dtype))  # padding stripped
+                    parts[name].append(feats[name][b, :n].to("cpu", dtype))  # padding stripped
             if not bool(torch.isfinite(feats["last"][b, :n]).all()):
                 raise DraftkitError(f"the policy produced NaN/Inf hidden states for rollout "
                                     f"{rows[i].source}; check that row and target.dtype")

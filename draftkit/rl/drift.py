@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from draftkit.core.batching import to_device
 from draftkit.eval.counters import SpecCounters
 from draftkit.rl.rollouts import Rollout
 
@@ -46,11 +47,11 @@ def plan(rows: list[Rollout], batch_tokens: int) -> list[list[int]]:
 
 
 def policy_logits(policy_model, last: torch.Tensor) -> torch.Tensor:
-    """last [N, H] (pre-norm) -> policy logits [N, V] in float32."""
+    """last [N, H] (pre-norm) -> policy logits [N, V] in float32, on last's device."""
     from draftkit.target.capture import logits_from_last
 
     dev = policy_model.lm_head.weight.device
-    return torch.cat([logits_from_last(policy_model, c.to(dev)).float().cpu()
+    return torch.cat([logits_from_last(policy_model, c.to(dev)).float().to(last.device)
                       for c in last.split(_CHUNK)])
 
 
@@ -74,9 +75,11 @@ def step_alpha(q_logits: torch.Tensor, vocab_ids: torch.Tensor, p_logits: torch.
 @torch.no_grad()
 def batch_counts(kind, model, policy_model, batch: dict, k: int, temperatures: list[float],
                  draft_sampling: str) -> dict[float, torch.Tensor]:
-    """Sums of c_j(t) over start indices, per temperature: {T: [k + 1]} (last entry = count)."""
+    """Sums of c_j(t) over start indices, per temperature: {T: [k + 1]} (last entry = count),
+    on the CPU; the work runs where the kind put the features (the policy's device)."""
     feats = kind.features(model, policy_model, batch["input_ids"], batch["attention_mask"])
-    batch = {**batch, **feats}
+    device = feats["last"].device
+    batch = to_device({**batch, **feats}, device)
     steps, vocab_ids = kind.step_logits(model, batch)  # k x [B, T, Vd], [Vd]
     valid = batch["attention_mask"].bool()  # [B, T]
     resp = batch["loss_mask"].bool() & valid  # [B, T]
@@ -84,10 +87,10 @@ def batch_counts(kind, model, policy_model, batch: dict, k: int, temperatures: l
     start = torch.zeros_like(resp)
     start[:, : t - 2] = resp[:, 1: t - 1] & resp[:, 2:]  # x_{t+1}, x_{t+2} are response tokens
     out = {}
-    chains = {temp: torch.ones(int(start.sum())) for temp in temperatures}
+    chains = {temp: torch.ones(int(start.sum()), device=device) for temp in temperatures}
     sums = {temp: [] for temp in temperatures}
     rows, cols = start.nonzero(as_tuple=True)  # [N] start indices
-    leading = torch.zeros(len(rows))  # [N] drafts accepted in a row at T=0
+    leading = torch.zeros(len(rows), device=device)  # [N] drafts accepted in a row at T=0
     for j in range(k):
         at = cols + 1 + j  # policy position whose distribution judges step j
         inside = at + 1 < t  # the drafted token x_{at+1} exists in the padded batch ...
@@ -96,17 +99,17 @@ def batch_counts(kind, model, policy_model, batch: dict, k: int, temperatures: l
         p_logits = policy_logits(policy_model, batch["last"][rows[idx], at[idx]])  # [n, V]
         q_logits = steps[j][rows[idx], cols[idx]].float()  # [n, Vd]
         for temp in temperatures:
-            alpha = torch.zeros(len(rows))
+            alpha = torch.zeros(len(rows), device=device)
             alpha[idx] = step_alpha(q_logits, vocab_ids, p_logits, temp, draft_sampling)
             chains[temp] = chains[temp] * alpha
             sums[temp].append(chains[temp].sum())
         leading = leading + chains[0.0] if 0.0 in chains else leading  # accepted run at T=0
     for temp in temperatures:
-        out[temp] = torch.stack([*sums[temp], torch.tensor(float(len(rows)))])
+        out[temp] = torch.stack([*sums[temp], torch.tensor(float(len(rows)), device=device)]).cpu()
     if 0.0 in chains:
-        accepted = torch.full(start.shape, -1, dtype=torch.long)  # [B, T]; -1 = no start
-        accepted[rows, cols] = leading.round().long()
-        out["walk"] = walk(accepted, k)
+        accepted = torch.full(start.shape, -1, dtype=torch.long, device=device)  # [B, T]
+        accepted[rows, cols] = leading.round().long()  # -1 = no start
+        out["walk"] = walk(accepted.cpu(), k)
     return out
 
 

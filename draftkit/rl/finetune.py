@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from draftkit.core.batching import to_device
 from draftkit.rl.drift import pad_rows
 from draftkit.rl.rollouts import Rollout
 
@@ -37,7 +38,8 @@ class FinetuneResult:
 
 def feature_batches(kind, model, policy_model, rows: list[Rollout],
                     batch_tokens: int) -> list[dict]:
-    """Padded batches with the policy's features, captured once: [B, T] ids/masks + features."""
+    """Padded batches with the policy's features, captured once: [B, T] ids/masks + features,
+    held in host memory (a refresh's features can outgrow the GPU's)."""
     from draftkit.core.batching import plan_batches
 
     out = []
@@ -45,8 +47,9 @@ def feature_batches(kind, model, policy_model, rows: list[Rollout],
     for group in tqdm(plan, desc="capture", leave=False):
         batch = pad_rows([rows[i] for i in group])
         with torch.no_grad():
-            batch.update(kind.features(model, policy_model, batch["input_ids"],
-                                       batch["attention_mask"]))
+            feats = kind.features(model, policy_model, batch["input_ids"],
+                                  batch["attention_mask"])
+        batch.update({name: f.cpu() for name, f in feats.items()})
         out.append(batch)
     return out
 
@@ -63,6 +66,7 @@ def finetune(model: torch.nn.Module, batches: Sequence[dict], steps: int, second
     torch.manual_seed(seed)
     rng = random.Random(seed)
     params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device  # batches move there one at a time
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     model.train()
     t0, done, tokens, losses, order = time.perf_counter(), 0, 0, [], []
@@ -74,7 +78,7 @@ def finetune(model: torch.nn.Module, batches: Sequence[dict], steps: int, second
         if not order:
             order = list(range(len(batches)))
             rng.shuffle(order)
-        batch = batches[order.pop()]
+        batch = to_device(batches[order.pop()], device)
         loss, _ = model(batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()

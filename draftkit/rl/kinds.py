@@ -1,9 +1,11 @@
 """What refresh, publish and swap need from a draft kind, and the EAGLE-3 implementation.
 
 A kind answers five questions (the draft-LM kind registers itself the same way):
-    load(dir, policy_model, k)          the published draft, its frozen target parts from the policy
+    load(dir, policy_model, k)          the published draft, its frozen target parts from the policy,
+                                        in fp32 on the policy's device
     features(model, policy_model, ids, mask)   the policy's tensors the draft's batch needs
-                                        (always "last" [B, T, H], the policy's pre-norm state)
+                                        (always "last" [B, T, H], the policy's pre-norm state),
+                                        fp32 on the policy's device
     step_logits(model, batch)           k x [B, T, Vd]: step j at index t drafts x_{t+2+j}
                                         (teacher-forced), plus vocab_ids [Vd] -> target ids
     export(model, tmp, final, cfg)      write a dir vLLM loads as it is into `tmp`
@@ -44,20 +46,22 @@ class Eagle3Kind:
     def load(self, directory: Path, policy_model, k: int):
         from draftkit.drafts.eagle3.model import Eagle3Draft
 
-        return Eagle3Draft.from_pretrained(directory, policy_model, ttt_steps=k).float()
+        return Eagle3Draft.from_pretrained(directory, policy_model, ttt_steps=k).float().to(
+            device_of(policy_model))
 
     def features(self, model, policy_model, input_ids, attention_mask):
         from draftkit.target.capture import capture
 
-        device = policy_model.get_input_embeddings().weight.device
+        device = device_of(policy_model)
         aux, last = capture(policy_model, input_ids.to(device), model.spec.aux_layer_ids,
                             attention_mask=attention_mask.to(device))
-        return {"aux": aux.float().cpu(), "last": last.float().cpu()}  # [B,T,A*H], [B,T,H]
+        return {"aux": aux.float(), "last": last.float()}  # [B, T, A*H], [B, T, H]
 
     def step_logits(self, model, batch):
         steps = model.ttt_unroll(batch["aux"], batch["input_ids"],
                                  batch["attention_mask"])  # k x [B, T, Vd]
-        vocab_ids = model.draft_to_target(torch.arange(model.spec.draft_vocab_size))  # [Vd]
+        vocab_ids = model.draft_to_target(torch.arange(model.spec.draft_vocab_size,
+                                                       device=model.d2t.device))  # [Vd]
         return steps, vocab_ids
 
     def export(self, model, tmp: Path, final: Path, cfg) -> None:
@@ -86,6 +90,11 @@ class Eagle3Kind:
             else:
                 out["model." + name] = value
         return fuse_projections(out)
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where a model's weights are (the policy's: where refresh runs the draft too)."""
+    return next(model.parameters()).device
 
 
 def fuse_projections(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftkit.core import artifacts, hardware
+from draftkit.core.batching import to_device
 from draftkit.core.config import TrackingConfig, TrainConfig
 from draftkit.core.errors import DraftkitError
 
@@ -283,13 +284,6 @@ def train_device(cfg: TrainConfig) -> torch.device:
 
     state = PartialState(cpu=_cpu_only(cfg))  # the process group + current device, once
     return state.device if cfg.device == "auto" else torch.device(cfg.device)
-
-
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    """Every tensor of a batch on `device` (batches are built on the CPU, in DataLoader
-    workers or by the target's capture)."""
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-            for k, v in batch.items()}
 
 
 def _out_of_time(cfg: TrainConfig, state: LoopState) -> bool:

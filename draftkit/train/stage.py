@@ -27,7 +27,7 @@ import torch
 
 from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
-from draftkit.core.batching import plan_batches
+from draftkit.core.batching import plan_batches, to_device
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.train import loop
@@ -163,7 +163,7 @@ def make_evaluator(build: BatchBuilder, batch_tokens: int):
 
     def evaluate(model) -> dict:
         device = next(model.parameters()).device
-        return aggregate([model(loop.to_device(batch, device))[1]
+        return aggregate([model(to_device(batch, device))[1]
                           for batch in batches.stream(range(len(batches)))])
     return evaluate
 

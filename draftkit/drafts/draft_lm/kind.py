@@ -21,7 +21,7 @@ import torch
 
 from draftkit.drafts.draft_lm.model import DraftLM
 from draftkit.drafts.eagle3.losses import shift
-from draftkit.rl.kinds import fuse_projections, register
+from draftkit.rl.kinds import device_of, fuse_projections, register
 
 
 class DraftLMKind:
@@ -33,17 +33,18 @@ class DraftLMKind:
         lm, _ = load_lm(Path(directory))
         base = getattr(policy_model, "model", policy_model)
         return DraftLM(lm, base.norm.weight, policy_model.lm_head.weight,
-                       float(policy_model.config.rms_norm_eps), k).float()
+                       float(policy_model.config.rms_norm_eps), k).float().to(
+                           device_of(policy_model))
 
     def features(self, model, policy_model, input_ids: torch.Tensor,
                  attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         from draftkit.target.capture import capture
 
-        device = policy_model.get_input_embeddings().weight.device
+        device = device_of(policy_model)
         n = policy_model.config.num_hidden_layers
         _, last = capture(policy_model, input_ids.to(device), [n],
                           attention_mask=attention_mask.to(device))
-        return {"last": last.float().cpu()}  # [B, T, H]
+        return {"last": last.float()}  # [B, T, H]
 
     def step_logits(self, model: DraftLM, batch: dict) -> tuple[list[torch.Tensor], torch.Tensor]:
         logits = model.lm(input_ids=batch["input_ids"],
