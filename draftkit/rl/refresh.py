@@ -118,7 +118,7 @@ def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: lis
         store.clean_partial()
         if not isinstance(policy, Policy):
             policy = load_policy(policy, step=policy_step, dtype=cfg.target.dtype,
-                                 device=cfg.train.device if cfg.train.device != "auto" else "cpu")
+                                 device=cfg.train.device if cfg.train.device != "auto" else None)
         check_lineage(policy, cfg)
         digests, duplicates = rollouts.unique_files(rollouts.rollout_files(rollout_paths))
         parent = store.parent() or "export"  # current, never a version marked failed
