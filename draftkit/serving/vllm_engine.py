@@ -43,7 +43,7 @@ def available() -> bool:
 @dataclass
 class EngineSpec:
     model: str  # target HF dir
-    speculative_config: dict | None = None  # {"method": "eagle3"|"ngram"|"draft_model", ...}
+    speculative_config: dict | None = None  # {"method": "eagle3"|"ngram"|"suffix"|..., ...}
     dtype: str = "auto"  # auto = what the hardware does natively (core/hardware.py)
     max_model_len: int = 2048
     seed: int = 0
@@ -152,12 +152,14 @@ def measure(llm, prompt_ids: list[list[int]], params, batch_size: int) -> dict:
 
 def speculative_config(method: str, k: int | None, draft_dir: str | Path | None,
                        sample: str = "greedy") -> dict | None:
-    """vLLM's `speculative_config` for a method: none (None) | ngram | eagle3 | draft_model;
-    `sample` = how a draft's tokens are drafted at T > 0 (draft_sampling)."""
+    """vLLM's `speculative_config` for a method: none (None) | ngram | suffix | eagle3 |
+    draft_model; `sample` = how a draft's tokens are drafted at T > 0 (draft_sampling)."""
     if method == "none":
         return None
     if method == "ngram":
         return ngram_config(k)
+    if method == "suffix":
+        return suffix_config(k)
     if method == "eagle3":
         return eagle3_config(draft_dir, k, sample)
     return draft_model_config(draft_dir, k, sample)
@@ -185,6 +187,33 @@ def run_engine_spec(cfg, speculative: dict | None, prompts: list[list[int]],
 def ngram_config(k: int) -> dict:
     return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
             "prompt_lookup_min": 2}
+
+
+# vLLM's suffix decoding (arctic-inference's SuffixDecodingCache): drafts from a suffix tree of
+# the request's prompt + output and a global tree of every response it served, finished and
+# still running (in RL: the sibling rollouts of a GRPO group). vLLM's defaults, written out.
+SUFFIX_OPTIONS = {
+    "suffix_decoding_max_tree_depth": 24,  # prefix match + speculation length, tokens
+    "suffix_decoding_max_cached_requests": 10000,  # global tree, FIFO eviction (0 = off)
+    "suffix_decoding_max_spec_factor": 1.0,  # draft at most factor * matched-prefix tokens
+    "suffix_decoding_min_token_prob": 0.1,  # draft only tokens of estimated p >= this
+}
+
+
+def suffix_config(k: int) -> dict:
+    """Suffix decoding with at most `k` tokens per step (it picks fewer where the tree's
+    estimated probabilities are low); needs arctic-inference (`suffix_unavailable`)."""
+    return {"method": "suffix", "num_speculative_tokens": k, **SUFFIX_OPTIONS}
+
+
+def suffix_unavailable() -> str | None:
+    """None when vLLM can serve `method: "suffix"` here, else why not (and the fix)."""
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - missing, or a wheel built for another Python/ABI
+        return (f"arctic-inference is not importable ({type(e).__name__}: {e}); `make setup` "
+                "builds and installs it (pip extra `draftkit[suffix]`)")
+    return None
 
 
 def eagle3_config(draft_dir: str | Path, k: int, sample: str = "greedy") -> dict:
