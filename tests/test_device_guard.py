@@ -156,3 +156,24 @@ def test_drift_estimate_and_finetune_step_on_the_device(runs, tiny_target):
         assert got[key]["starts"] == want[key]["starts"] > 0
         assert got[key]["al"] == pytest.approx(want[key]["al"], abs=1e-5)
     assert fit.steps == 2 and fit.last_loss == fit.last_loss
+
+
+@pytest.mark.parametrize("capture", ["online", "harvest"])
+def test_refresh_job_on_the_device_publishes(tmp_path, tiny_target, capture):
+    from _rl_helpers import make_run as make_rl_run
+    from _rl_helpers import save_policy, write_rollouts
+
+    from draftkit.rl.publish import DraftStore
+    from draftkit.rl.refresh import refresh
+
+    with one_thread():
+        run = make_rl_run(tmp_path / "runs", tiny_target)
+        policy = save_policy(tiny_target, tmp_path / "ckpt" / "step_1")
+        rollouts = write_rollouts(tiny_target, tmp_path / "r" / "step_1.jsonl", 8, 0, gen=16)
+        with device_guard() as dev:
+            res = refresh(run, policy, [rollouts], [
+                f"train.device={dev.type}", f"refresh.capture={capture}",
+                "refresh.budget_steps=2", "refresh.gate=false", "harvest.dtype=float32"])
+    assert res["status"] == "published", res
+    lineage = DraftStore(run).lineage(res["version"])
+    assert lineage["steps"] == 2 and lineage["al_after"]["T=0"]["starts"] > 0
