@@ -6,12 +6,16 @@ writes a new directory.
     policy = load_policy("ckpts/step_200")            # dir -> model, tokenizer, content hash
     policy = from_model(model, tokenizer, step=200)   # in memory, no checkpoint round-trip
     check_lineage(policy, cfg)                        # DraftkitError naming each mismatch
+
+A checkpoint that cannot be read (a missing shard or index, a truncated file, any error of
+`from_pretrained`) raises `CheckpointError` naming the dir: `draftkit watch` retries it later.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +25,33 @@ from draftkit.core.errors import DraftkitError
 
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "vocab_size")
+
+
+SHARD = re.compile(r"-(\d+)-of-(\d+)\.safetensors$")  # model-00001-of-00004.safetensors
+INDEX = "model.safetensors.index.json"
+
+
+class CheckpointError(DraftkitError):
+    """A policy checkpoint dir that cannot be loaded (yet): incomplete or damaged."""
+
+
+def shard_problems(path: Path) -> list[str]:
+    """What a sharded HF dir lacks: its index, or shards the index or the names promise."""
+    shards = sorted(f.name for f in path.glob("*.safetensors") if SHARD.search(f.name))
+    if not shards:
+        return []
+    if not (path / INDEX).is_file():
+        return [f"{len(shards)} shard(s) ({shards[0]}, ...) but no {INDEX}"]
+    try:
+        named = set(json.loads((path / INDEX).read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return [f"{INDEX} is not a readable index ({e})"]
+    of = SHARD.search(shards[0]).group(2)  # "00004": the names promise shards 1..4
+    promised = {SHARD.sub(f"-{i:0{len(of)}d}-of-{of}.safetensors", shards[0])
+                for i in range(1, int(of) + 1)}
+    expected = named | promised
+    missing = sorted(n for n in expected if not (path / n).is_file())
+    return [f"missing shard(s) {', '.join(missing[:3])}"] if missing else []
 
 
 @dataclass
@@ -71,25 +102,46 @@ def model_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def load_policy(path: str | Path, step: int | None = None, device: str = "cpu",
+def load_policy(path: str | Path, step: int | None = None, device: str | None = None,
                 dtype: str = "auto") -> Policy:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The checkpoint's model (eval, frozen) on `device` (default: the GPU if there is one, as
+    the target's), its tokenizer and content hash."""
+    from transformers import AutoModelForCausalLM
 
     from draftkit.core import hardware
+    from draftkit.target.load import default_device
 
     path = Path(path)
+    device = device or default_device()
     if not (path / "config.json").is_file():
         raise DraftkitError(f"policy checkpoint {path} is not a Hugging Face model dir (no "
                             "config.json); point --policy at what the trainer saved with "
                             "save_pretrained (NeMo-RL/verl: the HF-converted checkpoint)")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=hardware.torch_dtype(dtype, device, key="policy dtype"))
-    model.to(device).eval().requires_grad_(False)
+    if problems := shard_problems(path):
+        raise CheckpointError(f"policy checkpoint {path} is incomplete: {'; '.join(problems)}. "
+                              "Wait until the trainer has written every shard and the index")
+    torch_dtype = hardware.torch_dtype(dtype, device, key="policy dtype")
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        digest = dir_digest(path)
+    except Exception as e:  # noqa: BLE001 - truncated or missing files raise many types
+        raise CheckpointError(f"policy checkpoint {path} could not be loaded "
+                              f"({type(e).__name__}: {str(e)[:300]}); is it complete? A "
+                              "trainer still writing it leaves it so: wait, or check the "
+                              "files") from e
+    model.to(device).eval().requires_grad_(False)
+    return Policy(model, load_tokenizer(path), str(path.resolve()), digest, step)
+
+
+def load_tokenizer(path: str | Path):
+    """The checkpoint's tokenizer; CheckpointError if it cannot be loaded."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - missing files raise many types
-        raise DraftkitError(f"policy checkpoint {path} has no loadable tokenizer ({e}); save "
-                            "the tokenizer next to the weights") from e
-    return Policy(model, tok, str(path.resolve()), dir_digest(path), step)
+        raise CheckpointError(f"policy checkpoint {path} has no loadable tokenizer ({e}); "
+                              "save the tokenizer next to the weights") from e
 
 
 def from_model(model: torch.nn.Module, tokenizer, step: int | None = None) -> Policy:

@@ -7,9 +7,22 @@ talks to it only through files, and refreshes the draft when it pays.
   global_step_200, checkpoint-200). Its HF model dir is itself or the first nested dir with a
   config.json (verl: global_step_N/actor/huggingface). It counts only when complete: a marker
   file (draftkit.ready, COMPLETE, .complete, DONE), or config.json plus every weight file of
-  the index (or every *.safetensors), each as long as its own header says. Half-written
-  checkpoints are skipped until they are complete.
-- Rollouts: *.jsonl files in DIR that end with a newline; each is used by one refresh.
+  the index (or every *.safetensors; shards named model-0000i-of-0000N need the index), each
+  as long as its own header says. Half-written checkpoints are skipped until they are complete.
+  One that still fails to load is an event (`checkpoint_error`), retried at the next ticks and
+  skipped after CHECKPOINT_TRIES (`checkpoint_skipped`); the watch goes on.
+- Rollouts, the file contract: *.jsonl files in DIR (never hidden `.NAME.jsonl`, `NAME.jsonl.tmp`
+  or `NAME.jsonl.partial`: write under such a name, then rename into place). A file counts
+  once it is complete:
+    * a marker `NAME.jsonl.done` beside it (a writer that appends: touch it last), or
+    * it ends with a newline, has not changed for `refresh.rollout_settle_s` seconds (mtime),
+      and did not change since the previous tick (a safety net for writers that append).
+  Each complete file is used by one refresh. A used file that changes later is reported loudly
+  (`rollout_changed`); its new rows are not read (write them to a new file). A file with a bad
+  row is set aside (`rollouts_set_aside` naming file:line, `rejected_rollouts` in the state);
+  the tick goes on with the other files, and a set-aside file that changes is looked at again.
+  Files of a refresh that was `undecided` (too few held-out draft starts) or failed stay
+  unused: the next checkpoint's refresh takes them with the newer ones.
 - Trigger: the newest complete checkpoint refreshes when `every` steps passed since the last
   refresh, or when the current draft's estimated AL on the new rollouts (drift.py) fell below
   (1 - al_drop) x the AL recorded when it was published.
@@ -21,7 +34,6 @@ talks to it only through files, and refreshes the draft when it pays.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -35,10 +47,13 @@ from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
 from draftkit.rl import drift, kinds
 from draftkit.rl.finetune import Stopped
+from draftkit.rl.policy import CheckpointError, shard_problems
 from draftkit.rl.publish import DraftStore, RefreshLocked
 from draftkit.rl.refresh import refresh
 
 MARKERS = ("draftkit.ready", "COMPLETE", ".complete", "DONE")
+DONE = ".done"  # rollouts: NAME.jsonl.done marks NAME.jsonl complete
+CHECKPOINT_TRIES = 3  # ticks a checkpoint that fails to load is retried before it is skipped
 
 
 def safetensors_complete(path: Path) -> bool:
@@ -78,6 +93,8 @@ def checkpoint_complete(ckpt: Path) -> bool:
             return False
         files = [hf / n for n in names]
     else:
+        if shard_problems(hf):  # shards named -of-N, and no index yet
+            return False
         files = sorted(hf.glob("*.safetensors"))
     return bool(files) and all(safetensors_complete(f) for f in files)
 
@@ -92,16 +109,38 @@ def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     return sorted((s, p) for s, p in out if s is not None and checkpoint_complete(p))
 
 
-def complete_rollouts(directory: Path) -> list[Path]:
-    out = []
-    for f in sorted(Path(directory).glob("*.jsonl")):
-        with contextlib.suppress(OSError), open(f, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            if fh.tell() > 0:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) == b"\n":
-                    out.append(f)
-    return out
+def rollout_complete(f: Path, settle_s: float = 0.0, now: float | None = None) -> bool:
+    """The file contract above: a .done marker, or a final newline and no change for settle_s."""
+    if f.with_name(f.name + DONE).exists():
+        return True
+    try:
+        st = f.stat()
+        if st.st_size == 0 or (now or time.time()) - st.st_mtime < settle_s:
+            return False
+        with open(f, "rb") as fh:
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) == b"\n"
+    except OSError:
+        return False
+
+
+def rollout_candidates(directory: Path) -> list[Path]:
+    """*.jsonl files a writer has placed (hidden names are its temp files)."""
+    return [f for f in sorted(Path(directory).glob("*.jsonl"))
+            if not f.name.startswith(".") and f.is_file()]
+
+
+def complete_rollouts(directory: Path, settle_s: float = 0.0) -> list[Path]:
+    now = time.time()
+    return [f for f in rollout_candidates(directory) if rollout_complete(f, settle_s, now)]
+
+
+def _stat(f: Path) -> list[int] | None:
+    try:
+        st = f.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
 
 
 class Watcher:
@@ -120,8 +159,12 @@ class Watcher:
         self.store = DraftStore(self.run)
         self.state_path = self.store.root / "watch-state.json"
         self.log_path = self.store.root / "watch-log.jsonl"
-        self.state = artifacts.read_json(self.state_path) if self.state_path.is_file() else \
-            {"seen": [], "used_rollouts": [], "last_refresh_step": None}
+        self.state = artifacts.read_json(self.state_path) if self.state_path.is_file() else {}
+        for key, empty in (("seen", []), ("used_rollouts", []), ("last_refresh_step", None),
+                           ("rollout_stats", {}), ("rejected_rollouts", {}),
+                           ("checkpoint_errors", {})):
+            self.state.setdefault(key, empty)  # rollout_stats: path -> [size, mtime_ns] used
+        self.last_stats: dict[str, list[int] | None] = {}  # rollout files at the last tick
         self.stop = False
         self.tracker = None
 
@@ -166,38 +209,114 @@ class Watcher:
         return f"AL drop: {now:.3f} < (1 - {self.al_drop}) * {was:.3f}" \
             if now < (1 - self.al_drop) * was else ""
 
+    def rollout_files(self) -> list[Path]:
+        """Complete rollout files not used yet and not set aside (unless changed since)."""
+        settle, prev = self.cfg.refresh.rollout_settle_s, self.last_stats
+        self.last_stats = {str(f): _stat(f) for f in rollout_candidates(self.rollouts)}
+        out = []
+        for f in complete_rollouts(self.rollouts, settle):
+            key, stat = str(f.resolve()), self.last_stats.get(str(f))
+            marked = f.with_name(f.name + DONE).exists()
+            if key in self.state["used_rollouts"] or (not marked and str(f) in prev
+                                                      and prev[str(f)] != stat):
+                continue  # used, or changed since the previous tick: still being written
+            if (bad := self.state["rejected_rollouts"].get(key)) and bad["stat"] == stat:
+                continue
+            out.append(f)
+        return out
+
+    def check_used(self) -> None:
+        """Loud when a rollout file a refresh used has changed since (its new rows are lost)."""
+        for key, was in self.state["rollout_stats"].items():
+            now = _stat(Path(key))
+            if now is not None and now != was:
+                self.event("rollout_changed", path=key, was=was, now=now,
+                           detail="a refresh used this file already; rows added to it are not "
+                                  "read. Write new rows to a new file (see draftkit/rl/watch.py)")
+                self.state["rollout_stats"][key] = now
+
+    def screen(self, hf: Path, files: list[Path]) -> list[Path]:
+        """Files whose every row reads; a file with a bad row is set aside (file:line)."""
+        from draftkit.rl.policy import load_tokenizer
+        from draftkit.rl.rollouts import read_rollouts
+
+        tok, rc, good = load_tokenizer(hf), self.cfg.refresh, []
+        for f in files:
+            try:
+                read_rollouts([f], tok, self.cfg.target.vocab_size, rc.max_seq_len)
+                good.append(f)
+                self.state["rejected_rollouts"].pop(str(f.resolve()), None)  # fixed since
+            except DraftkitError as e:
+                key = str(f.resolve())
+                self.state["rejected_rollouts"][key] = {"reason": str(e), "stat": _stat(f)}
+                self.event("rollouts_set_aside", path=key, detail=str(e))
+        return good
+
+    def checkpoint_error(self, ckpt: Path, error: Exception, todo: list) -> None:
+        tries = self.state["checkpoint_errors"].get(ckpt.name, 0) + 1
+        self.state["checkpoint_errors"][ckpt.name] = tries
+        self.event("checkpoint_error", checkpoint=str(ckpt), tries=tries, detail=str(error))
+        if tries >= CHECKPOINT_TRIES:
+            self.event("checkpoint_skipped", checkpoint=str(ckpt), tries=tries)
+            self.state["seen"] += [p.name for _, p in todo]
+        self.save()
+
     def tick(self) -> None:
         """One scan: act on the newest complete checkpoint not seen yet."""
+        self.check_used()
         todo = [(s, p) for s, p in complete_checkpoints(self.ckpts)
                 if p.name not in self.state["seen"]]
-        files = [f for f in complete_rollouts(self.rollouts)
-                 if str(f.resolve()) not in self.state["used_rollouts"]]
-        if not todo or not files:
-            return
+        files = self.rollout_files()
+        if todo and files:
+            self.decide(todo, files)
+        self.save()
+
+    def decide(self, todo: list[tuple[int, Path]], files: list[Path]) -> None:
         step, ckpt = todo[-1]
         hf = model_dir(ckpt)
-        why = self.trigger(step, hf, files)
-        if why:
-            self.event("refresh_started", step=step, checkpoint=str(hf), reason=why,
-                       rollouts=[str(f) for f in files])
-            try:
-                res = refresh(self.run, hf, files, self.overrides,
-                              should_stop=lambda: self.stop, policy_step=step)
-            except RefreshLocked as e:  # a manual `draftkit refresh` runs: try again later
-                self.event("refresh_waiting", step=step, detail=str(e))
-                return
-            except DraftkitError as e:  # bad rollouts or checkpoint: log, skip, go on
-                res = {"status": "failed", "version": None, "reason": str(e)}
-            res.setdefault("reason", "")
-            self.event(f"refresh_{res['status']}", step=step, version=res["version"],
-                       resumed=res.get("resumed", False), detail=res["reason"])
-            if res["status"] != "failed":
-                self.state["last_refresh_step"] = step
-            self.state["used_rollouts"] += [str(f.resolve()) for f in files]
-        else:
+        try:
+            files = self.screen(hf, files)
+            if not files:
+                return  # every new file was set aside: wait for good ones
+            why = self.trigger(step, hf, files)
+            if why and not self.refresh(step, hf, files, why):
+                return  # the lock is held: try again at the next tick
+        except CheckpointError as e:
+            return self.checkpoint_error(ckpt, e, todo)
+        if not why:
             self.event("skipped", step=step)
         self.state["seen"] += [p.name for _, p in todo]  # older ones are superseded
-        self.save()
+        return None
+
+    def refresh(self, step: int, hf: Path, files: list[Path], why: str) -> bool:
+        """Run the refresh; False = another refresh holds the lock (nothing decided)."""
+        self.event("refresh_started", step=step, checkpoint=str(hf), reason=why,
+                   rollouts=[str(f) for f in files])
+        rejected = self.state["rejected_rollouts"]  # set aside since the last refresh
+        set_aside = [{"path": k, "reason": v["reason"][:300]}
+                     for k, v in rejected.items() if not v.get("in_lineage")]
+        try:
+            res = refresh(self.run, hf, files, self.overrides, should_stop=lambda: self.stop,
+                          policy_step=step, set_aside=set_aside)
+        except RefreshLocked as e:  # a manual `draftkit refresh` runs: try again later
+            self.event("refresh_waiting", step=step, detail=str(e))
+            return False
+        except CheckpointError:
+            raise
+        except DraftkitError as e:  # bad input the screen did not catch: log, go on
+            res = {"status": "failed", "version": None, "reason": str(e)}
+        res.setdefault("reason", "")
+        self.event(f"refresh_{res['status']}", step=step, version=res["version"],
+                   resumed=res.get("resumed", False), detail=res["reason"])
+        if res["status"] in ("published", "rejected", "superseded"):  # else: kept for later
+            self.state["last_refresh_step"] = step
+            for f in files:
+                key = str(f.resolve())
+                self.state["used_rollouts"].append(key)
+                self.state["rollout_stats"][key] = _stat(f)
+            for v in rejected.values():
+                v["in_lineage"] = True
+        return True
 
     def run_forever(self, once: bool = False) -> None:
         from draftkit.train.loop import Tracker
