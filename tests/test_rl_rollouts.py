@@ -1,5 +1,7 @@
 """Rollout JSONL in the three shapes RL frameworks write, response-only loss masks, bad rows
-named by file:line, and the lineage rule (shapes + tokenizer, never names)."""
+named by file:line, and the lineage rule (shapes + tokenizer, never names). A file under two
+names and identical rows count once; rows cut by max_seq_len are counted; a sharded checkpoint
+needs its index."""
 
 from __future__ import annotations
 
@@ -102,3 +104,60 @@ def test_warm_start_accepts_a_new_checkpoint_dir_of_the_same_lineage(tmp_path, t
     tok.save_pretrained(ckpt)
     with pytest.raises(DraftkitError, match="tokenizers differ"):
         warm_start(cfg, tiny_target.model)
+
+
+def test_a_file_under_two_names_and_identical_rows_count_once(tmp_path, tiny_target):
+    from draftkit.rl.rollouts import dedupe_rows, unique_files
+
+    rows = [{"prompt_ids": [1, 2, 3], "response_ids": [4, 5]},
+            {"prompt_ids": [1, 2, 3], "response_ids": [4, 6]}]
+    f = _write(tmp_path / "step_1.jsonl", [*rows, rows[0]])  # the last row repeats the first
+    (tmp_path / "latest.jsonl").symlink_to(f)  # what trainers point at the newest file
+    (tmp_path / "backup").mkdir()
+    copy = shutil.copy(f, tmp_path / "backup" / "step_1.jsonl")  # the same rows, another file
+    kept, dropped = unique_files([f, tmp_path / "latest.jsonl", copy])
+    assert [d["path"] for d in kept] == [str(f.resolve())]
+    assert [d["why"] for d in dropped] == ["same file", "same content"]
+    read = read_rollouts([d["path"] for d in kept], tiny_target.tokenizer,
+                         tiny_target.model.config.vocab_size)
+    unique, n = dedupe_rows(read)
+    assert n == 1 and [r.source for r in unique] == [f"{f.resolve()}:1", f"{f.resolve()}:2"]
+
+
+def test_rows_cut_by_max_seq_len_are_counted(tmp_path, tiny_target):
+    from draftkit.rl.rollouts import ReadStats
+
+    f = _write(tmp_path / "r.jsonl", [{"prompt_ids": [1, 2, 3], "response_ids": [4] * 10},
+                                      {"prompt_ids": [1, 2, 3], "response_ids": [5, 6]}])
+    stats = ReadStats()
+    rows = read_rollouts([f], tiny_target.tokenizer, tiny_target.model.config.vocab_size, 8,
+                         stats=stats)
+    assert [len(r.input_ids) for r in rows] == [8, 5]
+    assert (stats.rows, stats.cut, stats.cut_tokens, stats.cut_sources) == (2, 1, 5, [f"{f}:1"])
+
+
+def test_a_sharded_checkpoint_needs_its_index(tmp_path, tiny_target):
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "step_4"
+    tiny_target.model.save_pretrained(ckpt)
+    tiny_target.tokenizer.save_pretrained(ckpt)
+    tensors = {k: v.clone() for k, v in tiny_target.model.state_dict().items()}
+    (ckpt / "model.safetensors").unlink()
+    names = sorted(tensors)
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:]), 1):
+        save_file({k: tensors[k] for k in part}, ckpt / f"model-0000{i}-of-00002.safetensors")
+    with pytest.raises(pol.CheckpointError, match="no model.safetensors.index.json"):
+        pol.load_policy(ckpt)
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    (ckpt / pol.INDEX).write_text(json.dumps({"metadata": {"total_size": size}, "weight_map": {
+        k: f"model-0000{1 + (k in names[len(names) // 2:])}-of-00002.safetensors"
+        for k in names}}))
+    assert pol.shard_problems(ckpt) == []
+    p = pol.load_policy(ckpt)
+    assert torch.equal(p.model.lm_head.weight, tiny_target.model.lm_head.weight)
+    (ckpt / "model-00002-of-00002.safetensors").unlink()
+    assert pol.shard_problems(ckpt) == ["missing shard(s) model-00002-of-00002.safetensors"]
+    with pytest.raises(pol.CheckpointError, match="missing shard"):
+        pol.load_policy(ckpt)

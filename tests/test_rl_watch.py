@@ -133,7 +133,7 @@ def fake_refresh(monkeypatch):
     calls = []
 
     def record(run, hf, files, overrides, **kw):
-        calls.append({"files": [Path(f).name for f in files], "set_aside": kw["set_aside"],
+        calls.append({"files": [Path(f).name for f in files], "set_aside": kw.get("set_aside"),
                       "lines": [len(Path(f).read_text().splitlines()) for f in files]})
         return {"status": "published", "version": f"v{len(calls):04d}"}
 
