@@ -12,18 +12,29 @@
             if refresher.refresh(policy_model, tokenizer)["status"] == "published":
                 refresher.swap_into(llm)          # in place, hash + probe-AL checked, rollback
 
-Observed rows are written to `drafts/rollouts/` (the lineage hashes them; later refreshes
+Observed rows are written to `drafts/rollouts/` under names no other refresher (a restarted
+one included) can reuse, never over an existing file (the lineage hashes them; later refreshes
 replay them). The reference AL for `al_drop` is the first engine AL observed after a refresh
 (the estimate in lineage.json until then); a refresh resets the interval.
+
+`swap_into` always runs the probe check: with no probes given, `probes()` takes prompts of the
+rollouts in the version's lineage (then its ancestors'), else the run's eval split, tokenized
+with the target's tokenizer loaded on demand; with none at all it refuses. A version that
+fails the check (or whose check raised) is marked failed in the store and `current` goes back
+to the version the engine still holds (publish.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
+import uuid
 from pathlib import Path
 
 from draftkit.core import artifacts, config
-from draftkit.rl import kinds
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.rl import refresh as refresh_mod
 from draftkit.rl.policy import from_model
 from draftkit.rl.publish import DraftStore
@@ -58,10 +69,9 @@ class DraftRefresher:
         if isinstance(rollouts, (str, Path)):
             rollouts = [rollouts]
         if rollouts and isinstance(rollouts[0], dict):
-            path = self.store.root / "rollouts" / f"step-{policy_step:08d}-{len(self.pending)}.jsonl"
             rows = [{**r, "policy_step": r.get("policy_step", policy_step)} for r in rollouts]
-            artifacts.write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
-            self.pending.append(path)
+            self.pending.append(_write_new(self.store.root / "rollouts", policy_step,
+                                           "".join(json.dumps(r) + "\n" for r in rows)))
         else:
             self.pending += [Path(p) for p in rollouts]
         if al is not None and al == al:  # not NaN
@@ -100,30 +110,105 @@ class DraftRefresher:
             self.al_ref, self._fresh = _lineage_al(result["lineage"]), True
         return result
 
-    def probes(self) -> list[list[int]]:
-        """Prompt ids of the current version's first held-out-sized set of rollouts."""
+    def probes(self, version: str | None = None) -> list[list[int]]:
+        """`refresh.probe_prompts` distinct prompts (token ids) for the swap check: from the
+        rollout files in the lineage of `version` (default current) and its ancestors, else
+        the run's eval split. Never empty: raises DraftkitError naming the fix."""
+        from draftkit.prepare.dataset import load_prompts
         from draftkit.rl.rollouts import read_rollouts
 
-        current = self.store.current()
-        if current is None or self.tokenizer is None:
-            return []
-        files = [f["path"] for f in self.store.lineage(current)["rollouts"]]
-        rows = read_rollouts([f for f in files if Path(f).is_file()], self.tokenizer,
-                             self.cfg.target.vocab_size, self.cfg.refresh.max_seq_len)
-        return [r.input_ids[: r.prompt_len] for r in rows[: self.cfg.refresh.probe_prompts]]
+        n, rc = self.cfg.refresh.probe_prompts, self.cfg.refresh
+        out: dict[tuple, list[int]] = {}  # GRPO siblings share a prompt: keep one
+        for f in self._lineage_files(version or self.store.current()):
+            for r in read_rollouts([f], self._tokenizer(), self.cfg.target.vocab_size,
+                                   rc.max_seq_len):
+                out.setdefault(tuple(r.input_ids[: r.prompt_len]), r.input_ids[: r.prompt_len])
+            if len(out) >= n:
+                break
+        if out:
+            return list(out.values())[:n]
+        data = artifacts.RunPaths(self.run).data
+        try:
+            return load_prompts(data, n)
+        except DraftkitError as e:
+            raise DraftkitError(
+                f"no probe prompts for the swap check of {self.run}: the rollout files in the "
+                f"drafts' lineage are gone and the run has no eval split ({e}). Pass "
+                "probes=[token ids...] to swap_into, or run `draftkit prepare` on the run"
+            ) from e
+
+    def _lineage_files(self, version: str | None) -> list[str]:
+        """Rollout files of `version`'s lineage, then of its parents' (those still on disk)."""
+        files, seen = [], set()
+        while version is not None and version not in seen and version in self.store.versions():
+            seen.add(version)
+            lin = self.store.lineage(version)
+            files += [f["path"] for f in lin.get("rollouts", []) if Path(f["path"]).is_file()]
+            version = lin.get("parent")
+        return files
+
+    def _tokenizer(self):
+        """The policy's tokenizer: the one refresh() got, else the run target's (on demand)."""
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            from draftkit.target.load import run_target_dir
+
+            self.tokenizer = AutoTokenizer.from_pretrained(run_target_dir(self.cfg.target))
+        return self.tokenizer
 
     def swap_into(self, llm, probes: list[list[int]] | None = None) -> dict:
-        """Load the current version into `llm`'s drafter in place; hash + probe-AL check,
-        rollback and DraftSwapError on failure. The engine needs `engine_kwargs()`."""
+        """Load the current version into `llm`'s drafter in place; hash + probe-AL check
+        (probes: `probes()` when None), rollback and DraftSwapError on failure; a version
+        that failed is marked failed and `current` goes back. The engine needs
+        `engine_kwargs()`."""
         from draftkit.serving import drafter_swap
 
-        rc = self.cfg.refresh
-        report = drafter_swap.swap_into(llm, self.store.current_dir(), self.kind,
-                                        self.probes() if probes is None else probes,
-                                        rc.min_probe_al, rc.probe_max_tokens)
-        self.store.log("swapped", version=self.store.current(), al=report["al"],
-                       swap_s=report["swap_s"])
+        rc, version = self.cfg.refresh, self.store.current()
+        if version is not None and (failed := self.store.failure(version)) is not None:
+            raise drafter_swap.DraftSwapError(
+                f"{version} is marked failed ({failed.get('reason', '')[:200]}); nothing was "
+                "loaded. Refresh again, or point `current` at a good version")
+        probes = self.probes(version) if probes is None else probes
+        dirs = [self.store.root / v for v in reversed(self.store.versions())]
+        export = artifacts.RunPaths(self.run).export
+        try:
+            report = drafter_swap.swap_into(llm, self.store.current_dir(), self.kind, probes,
+                                            rc.min_probe_al, rc.probe_max_tokens,
+                                            candidates=[*dirs, export])
+        except drafter_swap.DraftSwapError as e:
+            self._failed(version, e)
+            raise
+        self.store.log("swapped", version=version, al=report["al"], swap_s=report["swap_s"],
+                       previous=report["previous"])
         return report
+
+    def _failed(self, version: str | None, e) -> None:
+        """Log a failed swap; a version whose weights failed (or whose check raised) is
+        marked failed and `current` goes back to what the engine still holds."""
+        self.store.log("swap_failed", version=version, verdict=e.verdict,
+                       previous=e.previous, restored=e.restored, error=str(e)[:500])
+        if version is not None and e.verdict in ("failed", "error"):
+            self.store.mark_failed(version, str(e), back_to=self.store.version_of(e.previous),
+                                   verdict=e.verdict, restored=e.restored)
+
+
+def _write_new(folder: Path, step: int, text: str) -> Path:
+    """Write `text` to a new file `step-<step>-<time>-<pid>-<random>.jsonl` in `folder`,
+    complete when it appears (a temp file hard-linked into place) and never over another."""
+    folder.mkdir(parents=True, exist_ok=True)
+    while True:
+        path = folder / (f"step-{step:08d}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-"
+                         f"{uuid.uuid4().hex[:8]}.jsonl")
+        tmp = folder / f".{path.name}.tmp"
+        artifacts.write_text_atomic(tmp, text)
+        try:
+            os.link(tmp, path)  # fails if the name exists: nothing is overwritten
+            return path
+        except FileExistsError:
+            continue
+        finally:
+            tmp.unlink()
 
 
 def _lineage_al(lin: dict) -> float | None:
