@@ -288,9 +288,9 @@ def rollouts(run: Path) -> list:
 def refresh_parts(cfg, head, target, run: Path, device, args, peak: Peak) -> dict:
     """A refresh's costly parts on the rows as rollouts (the policy = the target): AL estimate
     on the held-out share, capture of the rest (online, in RAM), fine-tune steps."""
-    from draftkit.rl import drift, finetune, kinds
+    from draftkit.rl import drift, finetune
 
-    rc, k, kind = cfg.refresh, cfg.draft.num_speculative_tokens, kinds.get(cfg.draft.kind)
+    rc, k, kind = cfg.refresh, cfg.draft.num_speculative_tokens, draft_kind(cfg.draft.kind)
     rows = rollouts(run)
     n_held = max(1, int(len(rows) * rc.heldout_fraction))
     held, train_rows = rows[:n_held], rows[n_held:]
@@ -320,6 +320,15 @@ def refresh_parts(cfg, head, target, run: Path, device, args, peak: Peak) -> dic
     # a refresh: AL before and after on the held-out rows, one capture, budget_steps steps
     out["projected_s"] = 2 * out["estimate_s"] + out["capture_s"] + rc.budget_steps * step_s
     return out
+
+
+def draft_kind(name: str):
+    """The draft kind's refresh interface (drafts/kind.py; rl/kinds.py before the move)."""
+    try:
+        from draftkit.drafts import kind as kinds
+    except ImportError:
+        from draftkit.rl import kinds
+    return kinds.get(name)
 
 
 def train_head(cfg, head, run: Path, device, args, peak: Peak) -> dict:

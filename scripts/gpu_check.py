@@ -101,7 +101,7 @@ def environment(device: str) -> dict:
            "git_sha": os.environ.get("DRAFTKIT_COMMIT") or artifacts.git_sha(),
            "draftkit": str(Path(artifacts.__file__).parents[1]),
            "draftkit_wheel": os.environ.get("DRAFTKIT_WHEEL", "not installed from a wheel")}
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and torch.cuda.is_available():
         env["cuda"] = {"name": torch.cuda.get_device_name(0), "torch_cuda": torch.version.cuda,
                        "memory_gib": round(torch.cuda.get_device_properties(0).total_memory
                                            / 2**30, 1)}
