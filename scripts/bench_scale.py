@@ -88,7 +88,7 @@ def measure(args, work: Path) -> dict:
     torch.ones(8, device=device).sum().item()  # CUDA context outside every timing
     res = {"target": cfg.target.name, "device": args.device, "hardware": hardware.summary(),
            "git_sha": os.environ.get("DRAFTKIT_COMMIT") or artifacts.git_sha(),
-           "versions": artifacts.versions(),
+           "versions": artifacts.versions(), "torch_threads": torch.get_num_threads(),
            "dtypes": {"target": hardware.resolve(cfg.target.dtype, device),
                       "harvest_storage": cfg.harvest.dtype,
                       "train_autocast": hardware.resolve(cfg.train.dtype, device)},
@@ -439,7 +439,8 @@ def markdown(res: dict) -> str:
           f"vocab {res['shapes']['vocab_size']}; random weights (AL not reported: it means "
           f"nothing on them), built on the device in {res['target_build_s']:.1f} s. Device "
           f"`{res['device']}`; target dtype {res['dtypes']['target']}, training autocast "
-          f"{res['dtypes']['train_autocast']} (fp32 master weights); commit "
+          f"{res['dtypes']['train_autocast']} (fp32 master weights), torch threads "
+          f"{res['torch_threads']}; commit "
           f"{res['git_sha'][:10]}. Data: {d['sequences']} random-token sequences x "
           f"{d['seq_len']} tokens; EAGLE-3 head: aux ids {res['aux_layer_ids']}, draft vocab "
           f"{res['draft_vocab_size']}, TTT {res['ttt_steps']}, "
