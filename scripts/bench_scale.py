@@ -98,6 +98,7 @@ def measure(args, work: Path) -> dict:
            "draft_vocab_size": cfg.draft.draft_vocab_size, "ttt_steps": cfg.train.ttt_steps,
            "data": data_stats(run)}
     res["harvest"] = harvest(run, peak)
+    free(device)  # the stage's own target copy
     peak.reset()
     t0 = time.perf_counter()
     target = load_target(cfg.target.name, device=str(device), dtype=cfg.target.dtype)
