@@ -15,6 +15,7 @@ from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.eval import report
 from draftkit.eval.stage import compare, evaluate
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
@@ -65,12 +66,11 @@ def test_bad_eval_settings_are_refused(run):
         evaluate(run, ["eval.k_values=[0]"])
 
 
-def test_reference_engine_writes_report_and_plots(run, tmp_path):
-    results = tmp_path / "results"
+def test_reference_engine_writes_report_and_plots(run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # as from a repo root: nothing may land in ./results
     rep = evaluate(run, ["eval.engine=reference", "eval.k_values=[1,3]",
                          "eval.temperatures=[0,1]", "eval.num_prompts=3",
-                         "eval.max_new_tokens=12", "eval.reference_prompts=2",
-                         f"eval.results_dir={results}"])
+                         "eval.max_new_tokens=12", "eval.reference_prompts=2"])
     rows = rep["reference"]["rows"]
     assert [(r["k"], r["temperature"]) for r in rows] == [(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)]
     for r in rows:
@@ -84,12 +84,18 @@ def test_reference_engine_writes_report_and_plots(run, tmp_path):
     assert set(files) == {"json", "md", "per_position", "al_vs_k"}  # no timings: no speedup plot
     for path in files.values():
         assert Path(path).is_file() and Path(path).stat().st_size > 0
-        assert Path(path).parent == results
+        assert Path(path).parent == RunPaths(run).eval  # eval.results_dir '' = the run's eval/
+    assert not (tmp_path / "results").exists()
     saved = json.loads(Path(files["json"]).read_text())
     assert saved["reference"]["rows"] == json.loads(json.dumps(rows))
     assert (RunPaths(run).eval / Path(files["md"]).name).is_file()
     assert json.loads((RunPaths(run).eval / "meta.json").read_text())["stage"] == "eval"
     assert "| 3 | 1 | 2 |" in Path(files["md"]).read_text()
+    # eval.results_dir=DIR: the report files go there, the run's eval/ keeps json + md
+    other = tmp_path / "elsewhere"
+    moved = report.write(rep, config.load(run, [f"eval.results_dir={other}"]), RunPaths(run))
+    assert {Path(p).parent for p in moved.values()} == {other}
+    assert all((RunPaths(run).eval / Path(moved[k]).name).is_file() for k in ("json", "md"))
 
 
 def test_compare_reports_match_rate_and_first_divergence():

@@ -198,7 +198,9 @@ class EvalConfig:
     # more prompt splits (eval/splits.py: seen-templates, hand-written), each measured by the
     # same engines at the largest eval batch; [] = the run's held-out split only
     splits: list[str] = field(default_factory=list)
-    results_dir: str = "results"  # where eval-<run>-<time>.{json,md,png} go (relative to cwd)
+    # where the report eval-<run>-<time>.{json,md,png} goes: '' = the run's own eval/ dir;
+    # a path (relative to the cwd) writes the files there, and the run's eval/ keeps json + md
+    results_dir: str = ""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Eval report files: JSON, a Markdown table and PNG plots (matplotlib Agg), all from one report
-dict (evaluate.py). Written to `eval.results_dir/eval-<run>-<time>.*`; the JSON and Markdown
-are copied into `<run>/eval/` with a meta.json."""
+dict (evaluate.py). Written to `<run>/eval/eval-<run>-<time>.*` with a meta.json; with
+`eval.results_dir` set, to that dir, and the JSON and Markdown are copied into `<run>/eval/`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ PLOTS = ("per_position", "al_vs_k", "speedup_vs_k")
 
 def write(rep: dict, cfg, paths) -> dict:
     """Write every file; returns {kind: path} (also stored in rep["files"])."""
-    out_dir = Path(cfg.eval.results_dir).expanduser()
+    out_dir = Path(cfg.eval.results_dir).expanduser() if cfg.eval.results_dir else paths.eval
     out_dir.mkdir(parents=True, exist_ok=True)
     base = out_dir / f"eval-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     files = {"json": str(base.with_suffix(".json")), "md": str(base.with_suffix(".md"))}
@@ -24,8 +24,9 @@ def write(rep: dict, cfg, paths) -> dict:
     md = markdown(rep)
     artifacts.write_json_atomic(files["json"], rep)
     artifacts.write_text_atomic(files["md"], md)
-    artifacts.write_json_atomic(paths.eval / Path(files["json"]).name, rep)
-    artifacts.write_text_atomic(paths.eval / Path(files["md"]).name, md)
+    if out_dir.resolve() != paths.eval.resolve():  # eval.results_dir: the run keeps a copy
+        artifacts.write_json_atomic(paths.eval / Path(files["json"]).name, rep)
+        artifacts.write_text_atomic(paths.eval / Path(files["md"]).name, md)
     artifacts.write_meta(paths.eval, "eval", cfg.to_dict(), rep.get("timings"), files=files)
     return files
 

@@ -19,8 +19,8 @@ batch b (costs.py; n-gram drafting costs 0). Lossless check: fp32 greedy outputs
 export vs vLLM's own fp32 outputs without speculation (reuses the T=0 runs when eval.dtype is
 float32, else starts two fp32 engines). Reference (`eval.engine` reference|both): the torch
 decoder of spec_decode.py over `eval.reference_prompts` prompts at each (k, T).
-Outputs: results/eval-<run>-<time>.{json,md} + PNG plots (report.py), json/md copied into
-<run>/eval with meta.json.
+Outputs: <run>/eval/eval-<run>-<time>.{json,md} + PNG plots (report.py) and meta.json
+(`eval.results_dir=DIR`: the files in DIR, json/md copied into <run>/eval).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ START_CHECKS = (
 
 
 def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
-    """Measure the run's exported draft; returns the report (also written to results/)."""
+    """Measure the run's exported draft; returns the report (also written to <run>/eval/)."""
     t0 = time.perf_counter()
     run = config.open_run(run_dir, overrides)
     cfg, paths = run.cfg, run.paths
