@@ -183,10 +183,11 @@ def test_grpo_siblings_never_straddle_the_split():
 
 
 def test_draft_starts_counts_what_the_estimate_scores(setup):
-    from draftkit.rl import drift, kinds
+    from draftkit.rl import drift
+    from draftkit.rl import refresh as refresh_mod
     from draftkit.rl.rollouts import read_rollouts
 
-    kind, tok = kinds.get("eagle3"), setup["target"].tokenizer
+    kind, tok = refresh_mod.kinds.get("eagle3"), setup["target"].tokenizer  # the kind registry
     rows = read_rollouts([setup["r1"]], tok, setup["target"].model.config.vocab_size)[:3]
     model = kind.load(DraftStore(setup["run"]).current_dir(), setup["target"].model, 3)
     est = drift.estimate(kind, model, setup["target"].model, rows, 3)
@@ -219,7 +220,7 @@ def test_a_torn_log_line_is_skipped_with_a_warning(tmp_path):
 
 def test_a_missing_replay_file_is_an_error_naming_it(setup, tmp_path):
     run = tmp_path / "replay-run"  # a copy whose newest version trained on a file now gone
-    shutil.copytree(setup["run"], run)
+    shutil.copytree(setup["run"], run, symlinks=True)
     store = DraftStore(run)
     newest = store.versions()[-1]
     lin = store.lineage(newest)

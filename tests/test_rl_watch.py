@@ -187,7 +187,7 @@ def test_a_bad_row_sets_aside_only_its_file(tmp_path, tiny_target, fake_refresh)
 
 def test_a_rollout_file_being_appended_waits_until_complete(tmp_path, tiny_target,
                                                              fake_refresh):
-    from draftkit.rl.watch import Watcher, complete_rollouts, rollout_complete
+    from draftkit.rl.watch import Watcher
 
     run = make_run(tmp_path / "runs", tiny_target)
     ckpts, rolls = tmp_path / "ckpts", tmp_path / "rollouts"
@@ -201,6 +201,8 @@ def test_a_rollout_file_being_appended_waits_until_complete(tmp_path, tiny_targe
         fh.write(json.dumps({"prompt_ids": [1, 2], "response_ids": [7, 8]}) + "\n")
     w.tick()
     assert fake_refresh == [] and w.state["seen"] == []  # not used half-written
+    from draftkit.rl.watch import complete_rollouts, rollout_complete
+
     assert not rollout_complete(f, settle_s=30) and rollout_complete(f, 30, time.time() + 31)
     (rolls / "step_1.jsonl.done").touch()  # the writer is done
     assert complete_rollouts(rolls, settle_s=30) == [f]
@@ -221,12 +223,13 @@ def test_a_file_changed_between_ticks_waits_one_more_tick(tmp_path, tiny_target,
 
     run = make_run(tmp_path / "runs", tiny_target)
     ckpts, rolls = tmp_path / "ckpts", tmp_path / "rollouts"
-    save_policy(tiny_target, ckpts / "step_1")
+    ckpts.mkdir()
     f = _rows(rolls / "r.jsonl", 2)
     w = Watcher(run, ckpts, rolls, ["tracking.backend=none", "refresh.rollout_settle_s=0"],
                 every=1)
-    w.rollout_files()  # a tick saw it with 2 rows ...
+    w.tick()  # no checkpoint yet; the tick saw the file with 2 rows ...
     _rows(f, 3)  # ... then it grew (whole lines again): wait one more tick
+    save_policy(tiny_target, ckpts / "step_1")
     w.tick()
     assert fake_refresh == []
     w.tick()  # unchanged since the last tick: used
