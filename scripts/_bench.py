@@ -98,6 +98,10 @@ def vllm_table(rows: list[dict]) -> list[str]:
     lines = ["| method | k | T | batch | AL | acceptance per position | tok/s | speedup |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r.get("unavailable"):  # a method this machine cannot serve (eval/stage.unavailable)
+            lines.append(f"| {r['method']} | {r['k'] or '–'} | {r['temperature']:g} | "
+                         f"{r['batch_size']} | not measured: {r['unavailable']} | – | – | – |")
+            continue
         pos = " / ".join(f"{v:.2f}" for v in r.get("per_position") or []) or "–"
         al = f"{r['acceptance_length']:.2f}" if r.get("acceptance_length") else "–"
         lines.append(f"| {r['method']} | {r['k'] or '–'} | {r['temperature']:g} | "

@@ -1,6 +1,6 @@
 """The main job on the embedded target: init -> prepare -> harvest -> train -> export -> eval,
-then vLLM's measured AL and speed for the trained EAGLE-3 draft next to vLLM n-gram's on the
-held-out eval split (k=3, T=0, batch 1 and 8), and on two more prompt splits at batch 8: new
+then vLLM's measured AL and speed for the trained EAGLE-3 draft next to vLLM n-gram's and
+suffix decoding's (the methods that need no training) on the held-out eval split (k=3, T=0, batch 1 and 8), and on two more prompt splits at batch 8: new
 problems of the training templates (what RL sees) and hand-written ones (eval/splits.py).
 Export's own vLLM check is off here: eval serves the export right after, in the same engines.
 
@@ -112,22 +112,28 @@ def demo_overrides(tier: str = "auto") -> list[str]:
 
 
 def _summary(report: dict) -> dict:
-    """vLLM AL and speed (k=3, T=0) per method and batch size of the eval report, side by side."""
+    """vLLM AL and speed (k=3, T=0) per method (none, n-gram, suffix, the draft) and batch size
+    of the eval report, side by side; a method eval could not serve here says why."""
     rows: dict[str, dict] = {}
     for r in report.get("vllm", {}).get("rows", []):
         if r["k"] in (3, None) and r["temperature"] == 0.0:
-            rows.setdefault(r["method"], {})[f"batch_{r['batch_size']}"] = {
+            rows.setdefault(r["method"], {})[f"batch_{r['batch_size']}"] = _cell(r, {
                 "AL": r.get("acceptance_length"), "tokens_per_step": r.get("tokens_per_step"),
                 "per_position": r.get("per_position"),
-                "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"]}
+                "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"]})
     splits: dict[str, dict] = {}
     for r in report.get("vllm", {}).get("splits", {}).get("rows", []):
         if r["k"] in (3, None) and r["temperature"] == 0.0:
-            splits.setdefault(r["split"], {})[r["method"]] = {
+            splits.setdefault(r["split"], {})[r["method"]] = _cell(r, {
                 "AL": r.get("acceptance_length"), "tokens_per_step": r.get("tokens_per_step"),
-                "batch": r["batch_size"], "speedup": r["speedup"]}
+                "batch": r["batch_size"], "speedup": r["speedup"]})
     return {"k": 3, "temperature": 0.0, "methods": rows, "other_splits": splits,
             "report": report.get("files", {}).get("md")}
+
+
+def _cell(r: dict, numbers: dict) -> dict:
+    """A summary cell: the row's numbers, or why the method was not measured."""
+    return {"unavailable": r["unavailable"]} if r.get("unavailable") else numbers
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 really accepts tokens), k=2, T=0, batch 1 (on the first N-2 prompts: eval.latency_prompts) and 2,
 both engines; fp32 greedy output with the draft
 equals output without speculation token for token, report files, plots and consistent numbers.
-Three engines (no speculation, n-gram and EAGLE-3) start once each."""
+Four engines (no speculation, n-gram, suffix decoding and EAGLE-3) start once each."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def test_rows_cover_every_method_k_and_batch(report):
     rows = report["vllm"]["rows"]
     keys = {(r["method"], r["k"], r["batch_size"]) for r in rows}
     assert keys == {("none", None, 1), ("none", None, 2)} | {
-        (m, 2, b) for m in ("ngram", "eagle3") for b in (1, 2)}
+        (m, 2, b) for m in ("ngram", "suffix", "eagle3") for b in (1, 2)}
     assert all(r["temperature"] == 0.0 for r in rows)
-    assert [r["prompts"] for r in rows] == [N - 2, N] * 3  # batch 1 serves eval.latency_prompts
+    assert [r["prompts"] for r in rows] == [N - 2, N] * 4  # batch 1 serves eval.latency_prompts
 
 
 def test_other_splits_are_served_by_the_same_engines(report):
@@ -52,10 +52,10 @@ def test_other_splits_are_served_by_the_same_engines(report):
     x = report["vllm"]["splits"]
     assert x["prompts"] == {"hand-written": N}
     assert [(r["split"], r["method"], r["batch_size"]) for r in x["rows"]] == [
-        ("hand-written", m, 2) for m in ("none", "ngram", "eagle3")]
+        ("hand-written", m, 2) for m in ("none", "ngram", "suffix", "eagle3")]
     assert all(r["prompts"] == N and r["output_tokens"] > 0 for r in x["rows"])
     assert x["rows"][0]["speedup"] == pytest.approx(1.0)
-    assert x["rows"][2]["drafts"] > 0  # the head drafted on prompts it never saw
+    assert x["rows"][3]["drafts"] > 0  # the head drafted on prompts it never saw
     md = report_mod.markdown(report)
     assert "## Other prompt splits (batch 2)" in md and "| hand-written | eagle3 | 2 |" in md
     assert report["draft"]["sample_method"] == "probabilistic"  # the run config's default
@@ -72,7 +72,7 @@ def test_numbers_are_consistent(report):
             continue
         # steps inferred from the tokens vs vLLM's own drafts counter: EAGLE-3 drafts at every
         # step (equal up to per-request edges: the prefill step, an accepted run cut by
-        # max_tokens); n-gram drafts at some steps only (no fewer steps than drafts)
+        # max_tokens); n-gram and suffix draft at some steps only (no fewer steps than drafts)
         edge = r["prompts"] * r["k"]
         if r["method"] == "eagle3":
             assert abs(r["target_steps"] - r["drafts"]) <= edge
@@ -87,7 +87,7 @@ def test_numbers_are_consistent(report):
         assert r["acceptance_length"] == pytest.approx(1 + sum(r["per_position"]))
         pos = r["accepted_per_pos"]
         assert all(a >= b for a, b in pairwise(pos)) and sum(pos) == r["accepted"]
-        if r["method"] == "eagle3":  # EAGLE-3 always drafts k; n-gram may find a shorter match
+        if r["method"] == "eagle3":  # EAGLE-3 always drafts k; n-gram/suffix may draft fewer
             assert r["draft_tokens"] == r["k"] * r["drafts"]
         else:
             assert r["drafts"] <= r["draft_tokens"] <= r["k"] * r["drafts"]
@@ -135,10 +135,28 @@ def test_files_and_plots_exist(report):
     for path in files.values():
         assert Path(path).is_file() and Path(path).stat().st_size > 0
     saved = json.loads(Path(files["json"]).read_text())
-    assert len(saved["vllm"]["rows"]) == 6 and saved["settings"]["dtype"] == "float32"
+    assert len(saved["vllm"]["rows"]) == 8 and saved["settings"]["dtype"] == "float32"
     md = Path(files["md"]).read_text()
     assert f"| eagle3 | 2 | 0 | 2 | {N} |" in md and f"| ngram | 2 | 0 | 1 | {N - 2} |" in md
     assert "token-exact" in md
     run_eval = Path(report["run_dir"]) / "eval"
     assert (run_eval / Path(files["json"]).name).is_file()
     assert (run_eval / Path(files["md"]).name).is_file()
+
+
+def test_suffix_decoding_row_is_measured_and_lossless(report):
+    """vLLM's suffix decoding (arctic-inference, installed by `make setup`) beside n-gram: real
+    drafts and acceptances, and fp32 greedy outputs equal to no speculation's token for token."""
+    rows = {(r["method"], r["batch_size"]): r for r in report["vllm"]["rows"]}
+    for b in (1, 2):
+        r = rows[("suffix", b)]
+        assert r.get("unavailable") is None, r.get("unavailable")
+        assert r["drafts"] > 0 and r["accepted"] > 0 and r["tokens_per_step"] > 1.0, r
+        assert r["output_tokens"] == rows[("none", b)]["output_tokens"]
+    free = report["lossless_vllm"]["free_methods"]
+    assert set(free) == {"ngram", "suffix"}
+    assert free["suffix"]["sequences"] == N - 2 and free["suffix"]["exact"] == N - 2
+    split = next(r for r in report["vllm"]["splits"]["rows"] if r["method"] == "suffix")
+    assert split["drafts"] > 0
+    md = Path(report["files"]["md"]).read_text()
+    assert f"| suffix | 2 | 0 | 1 | {N - 2} |" in md and f"suffix: {N - 2}/{N - 2} token-exact" in md

@@ -99,6 +99,6 @@ def add_projections(rows: list[dict], costs: dict) -> None:
             r["projected_speedup"] = None
             continue
         c = by_batch[r["batch_size"]]
-        draft_s = 0.0 if r["method"] == "ngram" else c["draft_s"]
+        draft_s = 0.0 if r["method"] in ("ngram", "suffix") else c["draft_s"]  # no draft model
         r["projected_speedup"] = project(r["per_position"], r["k"], c["target_s"],
                                          c["verify_s"][str(r["k"])], draft_s)

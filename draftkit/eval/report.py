@@ -60,10 +60,10 @@ def markdown(rep: dict) -> str:
                   "| method | k | T | batch | prompts | AL | tok/step | acceptance per position "
                   "| tok/s | speedup | projected |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rep["vllm"]["rows"]:
-            lines.append(f"| {r['method']} | {r['k'] or '–'} | {r['temperature']:g} | "
+            lines.append(f"| {_method(r)} | {r['k'] or '–'} | {r['temperature']:g} | "
                          f"{r['batch_size']} | {r['prompts']} | {_f(r.get('acceptance_length'))} | "
                          f"{_f(r.get('tokens_per_step'))} | "
-                         f"{_pos(r.get('per_position'))} | {r['tokens_per_s']:.1f} | "
+                         f"{_pos(r.get('per_position'))} | {_f(r['tokens_per_s'], '.1f')} | "
                          f"{_f(r['speedup'])}x | {_f(r.get('projected_speedup'))} |")
         lines += ["", "AL = 1 + accepted / drafts (vLLM's counter: steps that carried a "
                   "draft); tok/step = output tokens / target forward steps, every step counted "
@@ -71,6 +71,7 @@ def markdown(rep: dict) -> str:
                   "accepted_i / drafts; speedup = tok/s over no speculation at the same T and batch. "
                   "projected = (1 + Σ a_i) · c_target / (c_verify(k) + k · c_draft), costs timed "
                   f"in torch at context {rep['costs']['context_tokens']} tokens (costs.py).", ""]
+        lines += _unavailable(rep["vllm"]["rows"])
         if "splits" in rep["vllm"]:
             lines += _splits(rep["vllm"]["splits"])
         lines += _lossless(rep["lossless_vllm"])
@@ -96,21 +97,33 @@ def _splits(x: dict) -> list[str]:
              "| split | method | k | T | AL | tok/step | acceptance per position | tok/s | "
              "speedup |", "|---|---|---|---|---|---|---|---|---|"]
     for r in x["rows"]:
-        lines.append(f"| {r['split']} | {r['method']} | {r['k'] or '–'} | {r['temperature']:g} "
+        lines.append(f"| {r['split']} | {_method(r)} | {r['k'] or '–'} | {r['temperature']:g} "
                      f"| {_f(r.get('acceptance_length'))} | {_f(r.get('tokens_per_step'))} | "
-                     f"{_pos(r.get('per_position'))} | {r['tokens_per_s']:.1f} | "
+                     f"{_pos(r.get('per_position'))} | {_f(r['tokens_per_s'], '.1f')} | "
                      f"{_f(r['speedup'])}x |")
     return [*lines, ""]
+
+
+def _method(r: dict) -> str:
+    return f"{r['method']} (not measured)" if r.get("unavailable") else r["method"]
+
+
+def _unavailable(rows: list[dict]) -> list[str]:
+    """One line per method that could not be measured here, with the reason."""
+    why = {r["method"]: r["unavailable"] for r in rows if r.get("unavailable")}
+    return [*(f"{m} not measured: {reason}" for m, reason in why.items()), ""] if why else []
 
 
 def _lossless(x: dict) -> list[str]:
     div = x["first_divergence"]
     where = (f"; mismatching sequences first diverge at token {div['min']} (min), "
              f"{div['median']} (median), {div['mean']:.1f} (mean)") if div else ""
+    free = "".join(f" {m}: {c['exact']}/{c['sequences']} token-exact."
+                   for m, c in (x.get("free_methods") or {}).items())
     return ["## Lossless check (vLLM, fp32, greedy)", "",
             f"{x['exact']}/{x['sequences']} sequences token-exact ({x['match_rate']:.0%}) with "
             f"the draft at k={x['k']} vs no speculation, batch {x['batch_size']} "
-            f"({x['source']}){where}.", ""]
+            f"({x['source']}){where}.{free}", ""]
 
 
 # ----------------------------------------------------------------------------- plots
@@ -118,7 +131,8 @@ def _lossless(x: dict) -> list[str]:
 
 def _series(rep: dict) -> dict[str, list[dict]]:
     """Rows grouped per curve label (method, T, batch), speculative rows only."""
-    rows = [r for r in rep.get("vllm", {}).get("rows", []) if r["method"] != "none"]
+    rows = [r for r in rep.get("vllm", {}).get("rows", [])
+            if r["method"] != "none" and not r.get("unavailable")]
     rows += rep.get("reference", {}).get("rows", [])
     out: dict[str, list[dict]] = {}
     for r in rows:

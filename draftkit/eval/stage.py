@@ -1,12 +1,13 @@
 """`draftkit eval`: acceptance length, per-position acceptance, tokens/s and speedup of the
-exported draft against no speculation and vLLM n-gram, on the run's held-out eval prompts.
+exported draft against no speculation and the free methods (vLLM n-gram and suffix decoding),
+on the run's held-out eval prompts.
 
     draftkit eval runs/demo                                  # vLLM, config's k/T/batch grid
     draftkit eval runs/demo --engine both --k 1,3 --temperature 0 --batch 1
     draftkit eval runs/tiny --engine reference eval.num_prompts=4 eval.max_new_tokens=32
 
-vLLM (`eval.engine` vllm|both): one engine per (method, k) — no speculation, n-gram(k), the
-export(k) — reused across temperatures and batch sizes; prompts go in groups of `batch`
+vLLM (`eval.engine` vllm|both): one engine per (method, k) — no speculation, n-gram(k),
+suffix(k), the export(k) — reused across temperatures and batch sizes; prompts go in groups of `batch`
 (`max_tokens=eval.max_new_tokens`, EOS honoured). AL = 1 + accepted / drafts and
 per-position acceptance = accepted_at_pos_i / drafts come from vLLM's counters, speedup =
 tokens/s over the no-speculation tokens/s at the same (T, batch), all from this one run.
@@ -15,9 +16,14 @@ Projected speedup (next to the measured one): with a_i the per-position acceptan
     projected speedup = (1 + sum_i a_i) * c_target / (c_verify(k) + k * c_draft)
 where c_target / c_verify(k) time one target forward of 1 / k+1 new tokens per sequence with a
 KV cache at the mean eval context and c_draft one draft step, all in torch on this machine at
-batch b (costs.py; n-gram drafting costs 0). Lossless check: fp32 greedy outputs with the
-export vs vLLM's own fp32 outputs without speculation (reuses the T=0 runs when eval.dtype is
-float32, else starts two fp32 engines). Reference (`eval.engine` reference|both): the torch
+batch b (costs.py; n-gram and suffix drafting cost 0). Suffix decoding needs arctic-inference
+(`make setup` installs it): where it cannot be imported or its engine fails to start, its rows
+carry the reason (`unavailable`) instead of numbers, and the eval goes on. Its engine forgets every response
+before each measurement (vllm_engine.reset_suffix_cache): its global tree drafts only from
+responses of the same measurement, never from an earlier run's answers to the same prompts. Lossless check: fp32
+greedy outputs with the export vs vLLM's own fp32 outputs without speculation (reuses the T=0
+runs when eval.dtype is float32, and then checks n-gram's and suffix's too; else starts two fp32
+engines). Reference (`eval.engine` reference|both): the torch
 decoder of spec_decode.py over `eval.reference_prompts` prompts at each (k, T).
 Outputs: <run>/eval/eval-<run>-<time>.{json,md} + PNG plots (report.py) and meta.json
 (`eval.results_dir=DIR`: the files in DIR, json/md copied into <run>/eval).
@@ -42,6 +48,7 @@ from draftkit.serving import vllm_engine
 from draftkit.serving.vllm_engine import EngineStartError
 
 ENGINES = ("reference", "vllm", "both")
+FREE = ("ngram", "suffix")  # speculation without a trained draft, measured beside the export
 START_CHECKS = (
     "the target dir holds config.json, weights and a tokenizer (`draftkit init` builds the "
     "embedded targets; hub targets need `huggingface-cli download`)",
@@ -80,7 +87,8 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
         from draftkit.eval.costs import add_projections, step_costs
 
         rep["costs"] = step_costs(target.model, draft, cfg, prompts)
-        add_projections(rep["vllm"]["rows"], rep["costs"])
+        add_projections([r for r in rep["vllm"]["rows"] if not r.get("unavailable")],
+                        rep["costs"])
     if cfg.eval.engine in ("reference", "both"):
         rep["reference"] = {"rows": measure_reference(cfg, target, draft, prompts)}
     timings["torch_s"] = time.perf_counter() - t
@@ -178,7 +186,7 @@ def started(spec: vllm_engine.EngineSpec):
 
 def methods(cfg) -> list[tuple[str, int | None]]:
     kind = "eagle3" if cfg.draft.kind == "eagle3" else "draft_model"
-    return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in ("ngram", kind)]
+    return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in (*FREE, kind)]
 
 
 def measure_vllm(cfg, export_dir: Path, prompts, extra: dict | None = None
@@ -195,36 +203,73 @@ def measure_grid(cfg, grid: list[tuple[str, int | None]], exports: dict[str, Pat
     """measure_vllm over any (method, k) grid, method serving `exports[method]` (none: no
     speculation; scripts/bench_draft_lm.py puts two draft kinds side by side). Each engine
     also serves every `extra` split ({name: prompts}) at the largest batch: split rows."""
-    e, extra = cfg.eval, extra or {}
+    extra = extra or {}
     rows, outputs, split_rows = [], {}, []
     every = [*prompts, *(q for qs in extra.values() for q in qs)]  # engine sized for all
     for method, k in tqdm(grid, desc="vLLM engines", unit="engine"):
         spec = vllm_engine.speculative_config(method, k, exports.get(method),
                                               cfg.draft.draft_sample_method)
-        with started(vllm_engine.run_engine_spec(cfg, spec, every)) as llm:
-            vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
-            for temp in e.temperatures:
-                params = vllm_engine.sampling(temp, e.max_new_tokens,
-                                              seed=e.seed if temp > 0 else None)
-                for b in e.batch_sizes:
-                    qs = prompts[:e.latency_prompts] if b == 1 and e.latency_prompts else prompts
-                    m = vllm_engine.measure(llm, qs, params, batch_size=b)
-                    outputs[(method, k, temp, b)] = m.pop("outputs")
-                    rows.append(row(method, k, temp, m))
-                for split, qs in extra.items():
-                    m = vllm_engine.measure(llm, qs, params, batch_size=max(e.batch_sizes))
-                    m.pop("outputs")
-                    split_rows.append({"split": split, **row(method, k, temp, m)})
+        es = vllm_engine.run_engine_spec(cfg, spec, every)
+        why = vllm_engine.suffix_unavailable() if method == "suffix" else None
+        if why is None:
+            try:
+                with started(es) as llm:
+                    serve(cfg, llm, method, k, prompts, extra, rows, outputs, split_rows)
+                continue
+            except EngineStartError as e:
+                if method != "suffix":  # a free extra: its failure must not end the eval
+                    raise
+                why = f"its vLLM engine did not start: {str(e).splitlines()[0]}"
+        print(f"eval: {method} not measured: {why}")
+        rows += [unavailable(method, k, t, b, why) for t in cfg.eval.temperatures
+                 for b in cfg.eval.batch_sizes]
+        split_rows += [{"split": split, **unavailable(method, k, t, max(cfg.eval.batch_sizes),
+                                                      why)}
+                       for t in cfg.eval.temperatures for split in extra]
     _speedups(rows, lambda r: (r["temperature"], r["batch_size"]))
     _speedups(split_rows, lambda r: (r["split"], r["temperature"]))
     return rows, outputs, split_rows
+
+
+def serve(cfg, llm, method: str, k: int | None, prompts, extra: dict[str, list],
+          rows: list[dict], outputs: dict, split_rows: list[dict]) -> None:
+    """One engine's rows: every (T, batch) on the eval prompts, every extra split at the
+    largest batch (appended to rows / split_rows; generated ids into outputs)."""
+    e = cfg.eval
+
+    def measure(qs, params, b: int) -> dict:
+        if method == "suffix":  # its global tree would hold the last run's answers to qs
+            vllm_engine.reset_suffix_cache(llm)
+        return vllm_engine.measure(llm, qs, params, batch_size=b)
+
+    vllm_engine.generate(llm, prompts[:1], vllm_engine.sampling(0.0, 8))  # warm-up
+    for temp in e.temperatures:
+        params = vllm_engine.sampling(temp, e.max_new_tokens, seed=e.seed if temp > 0 else None)
+        for b in e.batch_sizes:
+            qs = prompts[:e.latency_prompts] if b == 1 and e.latency_prompts else prompts
+            m = measure(qs, params, b)
+            outputs[(method, k, temp, b)] = m.pop("outputs")
+            rows.append(row(method, k, temp, m))
+        for split, qs in extra.items():
+            m = measure(qs, params, max(e.batch_sizes))
+            m.pop("outputs")
+            split_rows.append({"split": split, **row(method, k, temp, m)})
+
+
+def unavailable(method: str, k: int | None, temperature: float, batch_size: int,
+                why: str) -> dict:
+    """The row of a method this machine cannot serve: no numbers, the reason."""
+    return {"method": method, "k": k, "temperature": temperature, "batch_size": batch_size,
+            "prompts": 0, "output_tokens": 0, "tokens_per_s": None, "speedup": None,
+            "unavailable": why}
 
 
 def _speedups(rows: list[dict], key) -> None:
     """speedup = tok/s over the no-speculation row of the same key(row)."""
     base = {key(r): r["tokens_per_s"] for r in rows if r["method"] == "none"}
     for r in rows:
-        r["speedup"] = r["tokens_per_s"] / base[key(r)]
+        if not r.get("unavailable"):
+            r["speedup"] = r["tokens_per_s"] / base[key(r)]
 
 
 def row(method: str, k: int | None, temperature: float, m: dict) -> dict:
@@ -251,6 +296,8 @@ def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
         plain, spec = outputs[("none", None, 0.0, b)][:n], outputs[(kind, k, 0.0, b)][:n]
         # both are batch-1 rows: under eval.latency_prompts < n they hold the same fewer prompts
         source = "reused"
+        free = {m: compare(plain, outputs[(m, k, 0.0, b)][:n]) for m in FREE
+                if (m, k, 0.0, b) in outputs}
     else:
         params = vllm_engine.sampling(0.0, e.max_new_tokens)
         got = []
@@ -259,9 +306,9 @@ def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
                 cfg, vllm_engine.speculative_config(method, k, export_dir), prompts, "float32")
             with started(es) as llm:
                 got.append(vllm_engine.generate(llm, prompts, params, batch_size=b).token_ids)
-        plain, spec, source = got[0], got[1], "fp32 engines"
+        plain, spec, source, free = got[0], got[1], "fp32 engines", {}
     return {"k": k, "batch_size": b, "temperature": 0.0, "dtype": "float32", "source": source,
-            **compare(plain, spec)}
+            **compare(plain, spec), "free_methods": free}
 
 
 def compare(plain: list[list[int]], spec: list[list[int]]) -> dict:

@@ -181,7 +181,8 @@ def run_engine_spec(cfg, speculative: dict | None, prompts: list[list[int]],
         model=str(run_target_dir(cfg.target)), speculative_config=speculative,
         dtype=dtype or e.dtype, seed=e.seed,
         max_model_len=min(cfg.target.max_position_embeddings, -(-longest // 256) * 256),
-        max_num_seqs=max(8, batch_size or max(e.batch_sizes)))
+        max_num_seqs=max(8, batch_size or max(e.batch_sizes)),
+        extra=suffix_engine_kwargs(speculative))
 
 
 def ngram_config(k: int) -> dict:
@@ -204,6 +205,38 @@ def suffix_config(k: int) -> dict:
     """Suffix decoding with at most `k` tokens per step (it picks fewer where the tree's
     estimated probabilities are low); needs arctic-inference (`suffix_unavailable`)."""
     return {"method": "suffix", "num_speculative_tokens": k, **SUFFIX_OPTIONS}
+
+
+SUFFIX_EXTENSION = "draftkit.serving.vllm_engine.SuffixCacheReset"
+
+
+def suffix_engine_kwargs(speculative: dict | None) -> dict:
+    """LLM(...) keywords a measuring engine needs for `speculative`: a suffix engine gets the
+    worker method that empties its cache (`reset_suffix_cache`)."""
+    if (speculative or {}).get("method") == "suffix":
+        return {"worker_extension_cls": SUFFIX_EXTENSION}
+    return {}
+
+
+class SuffixCacheReset:
+    """vLLM worker extension (`self` is the worker): empties suffix decoding's global tree."""
+
+    def draftkit_reset_suffix_cache(self) -> int:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        drafter = self.model_runner.drafter
+        old = drafter.suffix_cache
+        drafter.suffix_cache = SuffixDecodingCache(max_tree_depth=old.max_tree_depth,
+                                                   max_cached_requests=old.max_cached_requests)
+        return len(old.cached_requests)
+
+
+def reset_suffix_cache(llm) -> int:
+    """Forget every response a suffix engine has served (call it between requests; the engine
+    was started with `suffix_engine_kwargs`); the number forgotten. A measurement that reuses an
+    engine calls this first: else its global tree holds the previous run's responses to the same
+    prompts (identical ones at T=0) and drafts them back."""
+    return max(llm.collective_rpc("draftkit_reset_suffix_cache"))
 
 
 def suffix_unavailable() -> str | None:
