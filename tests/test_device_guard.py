@@ -137,7 +137,8 @@ def _rl_prompts(tok, n):
 def test_drift_estimate_and_finetune_step_on_the_device(runs, tiny_target):
     from _runs import random_draft
 
-    from draftkit.rl import drift, finetune, kinds
+    from draftkit.drafts import kind as kinds
+    from draftkit.rl import drift, finetune
 
     kind = kinds.get("eagle3")
     rows = _rollout_rows(tiny_target.tokenizer)

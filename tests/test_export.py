@@ -16,8 +16,9 @@ from draftkit import cli
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
+from draftkit.drafts.eagle3.export import portable
 from draftkit.drafts.eagle3.losses import simulated_al
-from draftkit.export.stage import export, load_speculative_config, portable
+from draftkit.export.stage import export, load_speculative_config
 
 OVERRIDES = ["draft.draft_vocab_size=256", "draft.aux_layer_ids=[1,3,5]",
              "draft.norm_before_residual=true", "draft.norm_output=true"]

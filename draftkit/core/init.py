@@ -18,12 +18,11 @@ from pathlib import Path
 import yaml
 
 from draftkit.core import artifacts, config, registry
-from draftkit.core.config import ConfigError, RunConfig
+from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import TargetInfo
 from draftkit.core.resources import configs_dir, recipes_dir
-
-DRAFT_KINDS = ("eagle3", "draft-lm")
+from draftkit.drafts import kind as kinds
 
 
 def recipe_names() -> list[str]:
@@ -72,12 +71,6 @@ def fill_target(cfg: RunConfig, info: TargetInfo) -> None:
 def _derive(cfg: RunConfig, info: TargetInfo, explicit: dict) -> None:
     """Fill every target-dependent field the templates and overrides left unset."""
     d, tr = cfg.draft, cfg.train
-    if not d.aux_layer_ids:  # a draft LM reads only the last state (id N): harvest no more
-        d.aux_layer_ids = [info.num_hidden_layers] if d.kind == "draft-lm" else \
-            info.default_aux_layer_ids
-    from draftkit.target.capture import check_layer_ids
-
-    check_layer_ids(d.aux_layer_ids, info.num_hidden_layers)
     if not d.draft_vocab_size:
         d.draft_vocab_size = draft_vocab_rule(info.vocab_size)
     for key in ("hidden_size", "intermediate_size", "num_attention_heads",
@@ -94,19 +87,12 @@ def _derive(cfg: RunConfig, info: TargetInfo, explicit: dict) -> None:
         tr.batch_tokens = 16384
 
 
-def _check_vocab(cfg: RunConfig, info: TargetInfo) -> None:
-    d = cfg.draft
-    if d.kind not in DRAFT_KINDS:
-        raise ConfigError(f"unknown draft kind {d.kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
-    if d.kind == "eagle3" and d.draft_vocab_size > info.vocab_size:
-        raise DraftkitError(
-            f"draft vocab {d.draft_vocab_size} is larger than {info.name}'s vocab "
-            f"({info.vocab_size}); set draft.draft_vocab_size <= {info.vocab_size} "
-            f"(default rule gives {draft_vocab_rule(info.vocab_size)})")
-    if d.kind == "draft-lm":
-        from draftkit.drafts.draft_lm.build import resolve_init
+def _resolve_kind(cfg: RunConfig, info: TargetInfo) -> None:
+    """The draft kind fills and checks its own fields (its harvest needs: aux layer ids)."""
+    from draftkit.target.capture import check_layer_ids
 
-        resolve_init(cfg, info)  # sibling | truncate | scratch, checked against the target
+    kinds.of(cfg).resolve(cfg, info)
+    check_layer_ids(cfg.draft.aux_layer_ids, info.num_hidden_layers)
 
 
 def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
@@ -114,8 +100,7 @@ def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
     """The fully resolved run config for (target, recipe, kind); nothing is written."""
     info = registry.resolve(target)
     check_recipe(data)
-    if kind not in DRAFT_KINDS:
-        raise ConfigError(f"unknown draft kind {kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
+    kinds.get(kind)  # an unknown kind fails here, naming the known ones
     cfg = RunConfig()
     explicit: dict = {}
     for layer in template_layers(kind, info):
@@ -131,7 +116,7 @@ def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
     fill_target(cfg, info)
     cfg.name = name or f"{info.name.split('/')[-1].lower()}-{data}-{kind}"
     _derive(cfg, info, explicit)
-    _check_vocab(cfg, info)
+    _resolve_kind(cfg, info)
     return cfg
 
 
@@ -165,10 +150,8 @@ def next_steps(run_dir: Path, cfg: RunConfig) -> str:
     elif info.source == registry.SOURCE_GGUF:
         lines.append(f"target {info.name}: embedded GGUF, converted once into "
                      f"{artifacts.home() / 'targets' / info.name}")
-    if cfg.draft.kind == "draft-lm":
-        from draftkit.drafts.draft_lm.build import describe_init
-
-        lines.append(describe_init(cfg))
+    if line := kinds.of(cfg).describe(cfg):
+        lines.append(line)
     lines += ["next:"] + [f"  draftkit {verb} {run_dir}"
                           for verb in ("prepare", "harvest", "train", "export", "eval")]
     return "\n".join(lines)

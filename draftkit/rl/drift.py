@@ -175,7 +175,7 @@ def drift(run_dir, policy, rollout_paths: list, overrides: list[str] | None = No
     against `policy` (a checkpoint dir or a policy.Policy) on the rollouts, at T=0 and at
     refresh.temperature; logged to the run's refresh log as a `drift` event."""
     from draftkit.core import config
-    from draftkit.rl import kinds
+    from draftkit.drafts import kind as kinds
     from draftkit.rl.policy import Policy, check_lineage, load_policy
     from draftkit.rl.publish import DraftStore
     from draftkit.rl.rollouts import read_rollouts, rollout_files

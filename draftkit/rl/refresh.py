@@ -32,7 +32,8 @@ from pathlib import Path
 
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
-from draftkit.rl import capture, drift, finetune, jobs, kinds, rollouts
+from draftkit.drafts import kind as kinds
+from draftkit.rl import capture, drift, finetune, jobs, rollouts
 from draftkit.rl.policy import Policy, check_lineage, load_policy
 from draftkit.rl.publish import DraftStore
 

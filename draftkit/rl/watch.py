@@ -45,7 +45,8 @@ from pathlib import Path
 
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
-from draftkit.rl import drift, kinds
+from draftkit.drafts import kind as kinds
+from draftkit.rl import drift
 from draftkit.rl.finetune import Stopped
 from draftkit.rl.policy import CheckpointError, shard_problems
 from draftkit.rl.publish import DraftStore, RefreshLocked

@@ -20,7 +20,6 @@ batches, loop and best-checkpoint rule.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ from draftkit.core.artifacts import RunPaths
 from draftkit.core.batching import plan_batches, to_device
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.train import loop
 from draftkit.train.data import (
     BatchBuilder,
@@ -58,58 +58,6 @@ def _extra_runs(run: Run) -> list[RunPaths]:
     return runs
 
 
-def _load_vocab(cfg, data_runs: list[RunPaths], tokenizer):
-    """Top-`draft_vocab_size` tokens of prepare's counts summed over the runs trained on."""
-    from draftkit.drafts.eagle3.vocab import DraftVocab
-    from draftkit.prepare.dataset import load_token_counts
-    from draftkit.target.tokens import end_of_turn_ids
-
-    counts = None
-    for r in data_runs:
-        c = load_token_counts(r.data)
-        if c.numel() != cfg.target.vocab_size:
-            raise DraftkitError(f"token counts of {r.root} cover {c.numel()} ids but the target "
-                                f"vocab is {cfg.target.vocab_size}: rerun `draftkit prepare "
-                                f"{r.root}`")
-        counts = c if counts is None else counts + c
-    return DraftVocab.build(counts, cfg.draft.draft_vocab_size,
-                            must_include=end_of_turn_ids(tokenizer))
-
-
-def warm_start(cfg, target_model):
-    """The head in `train.init_from`, checked against this run's draft (shapes, norms, target,
-    aux layer ids). Its draft vocab is kept: lm_head rows are indexed by draft id."""
-    from draftkit.drafts.eagle3 import format as fmt
-    from draftkit.drafts.eagle3.model import Eagle3Draft
-
-    given = RunPaths(config.run_dir_of(cfg.train.init_from))
-    # a run dir stands for its best checkpoint
-    src = given.train / "best" if given.config.is_file() else given.root
-    model = Eagle3Draft.from_pretrained(src, target_model, cfg.train.ttt_steps,
-                                        cfg.train.ttt_decay)
-    got = model.spec
-    if cfg.draft.draft_vocab_size not in (0, got.draft_vocab_size):
-        raise DraftkitError(f"train.init_from={src} has a draft vocab of {got.draft_vocab_size} "
-                            f"but this run has draft.draft_vocab_size={cfg.draft.draft_vocab_size}"
-                            f"; set draft.draft_vocab_size={got.draft_vocab_size} to warm-start")
-    want = fmt.spec_from_run_config(cfg, got.draft_vocab_size, got.verifier_name_or_path)
-    free = {"verifier_name_or_path", "target_name", "num_speculative_tokens"}
-    diff = [f"{f.name}={getattr(got, f.name)!r} there, {getattr(want, f.name)!r} here"
-            for f in dataclasses.fields(want)
-            if f.name not in free and getattr(got, f.name) != getattr(want, f.name)]
-    if got.target_name and got.target_name != cfg.target.name:  # lineage: shapes + tokenizer
-        from draftkit.rl.policy import same_lineage
-
-        diff[:0] = [f"target {got.target_name!r} there, {cfg.target.name!r} here: {p}"
-                    for p in same_lineage(got.target_name, cfg.target.name)]
-    if diff:
-        raise DraftkitError(f"train.init_from={src} does not fit this run's draft: "
-                            f"{'; '.join(diff)}. Warm-start from a head of the same target and "
-                            "draft settings, or set this run's draft.* to match it")
-    model.spec = fmt.with_k(got, want.num_speculative_tokens)
-    return model
-
-
 def _open_harvest(cfg, paths: RunPaths, split: str):
     """The run's verified harvest of `split` (sha256-checked once here; read lazily later)."""
     from draftkit.harvest.shards import open_harvest
@@ -130,20 +78,10 @@ def _open_harvest(cfg, paths: RunPaths, split: str):
     return open_harvest(hdir, target_name=name, aux_layer_ids=cfg.draft.aux_layer_ids)
 
 
-def build_draft(cfg, data_runs: list[RunPaths], target):
-    """The head training starts from: `train.init_from`'s, or a new one whose vocab comes from
-    the counts of `data_runs` (this run, then train.extra_runs)."""
-    from draftkit.drafts.eagle3.model import Eagle3Draft
-
+def build_draft(cfg, data_runs: list[RunPaths], target) -> torch.nn.Module:
+    """The module `draftkit train` starts from (the run's draft kind builds it), seeded."""
     torch.manual_seed(cfg.train.seed)
-    if cfg.draft.kind == "draft-lm":
-        from draftkit.drafts.draft_lm.build import build_draft_lm
-
-        return build_draft_lm(cfg, target)
-    if cfg.train.init_from:
-        return warm_start(cfg, target.model)
-    vocab = _load_vocab(cfg, data_runs, target.tokenizer)
-    return Eagle3Draft.from_run_config(cfg, vocab, target.model)
+    return kinds.of(cfg).build(cfg, data_runs, target)
 
 
 def _online_source(paths: RunPaths, split: str) -> TokenSource:
@@ -175,16 +113,10 @@ def train(run_dir: Path, overrides: list[str] | None = None,
 
     run = config.open_run(run_dir, overrides)
     cfg = run.cfg
-    if cfg.draft.kind not in ("eagle3", "draft-lm"):
-        raise DraftkitError(f"draft kind {cfg.draft.kind!r} has no trainer; use eagle3 or draft-lm")
+    kind = kinds.of(cfg)
     if cfg.train.mode not in ("offline", "online"):
         raise DraftkitError(f"train.mode must be offline or online, got {cfg.train.mode!r}")
-    if cfg.train.feature_noise and cfg.draft.kind != "eagle3":
-        raise DraftkitError(f"train.feature_noise is for EAGLE-3 heads (noise on the target's "
-                            f"features); set train.feature_noise=0 for draft.kind={cfg.draft.kind}")
-    if cfg.train.freeze_head and cfg.draft.kind != "eagle3":
-        raise DraftkitError(f"train.freeze_head fixes an EAGLE-3 head's norm and lm_head; set "
-                            f"train.freeze_head=false for draft.kind={cfg.draft.kind}")
+    kind.check_train(cfg)
     if not 0 <= cfg.train.feature_noise < 10:
         raise DraftkitError(f"train.feature_noise is a std relative to the features' RMS: "
                             f"use a small value like 0.05 (0 = off), got {cfg.train.feature_noise}")

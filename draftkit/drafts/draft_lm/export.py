@@ -7,8 +7,8 @@ Reads `<run>/train/best` (the trainer's `DraftLM.save_pretrained`: the LM alone,
 parts), checks its vocabulary against the run's target and writes atomically: config.json,
 generation_config.json, model.safetensors (in the target's stored dtype), the TARGET's tokenizer
 (the draft has no other), speculative_config.json, README.md (vllm serve, LLM(...), NeMo-RL,
-verl) and meta.json. The parity check is export/stage.py's: the export served in vLLM at T=0 on
-the run's eval prompts, vLLM's AL beside the training-time simulated AL (check.json).
+verl) and meta.json. The parity check is export/stage.py's, after this: the export served in vLLM
+at T=0 on the run's eval prompts, vLLM's AL beside the training-time simulated AL (check.json).
 """
 
 from __future__ import annotations
@@ -39,11 +39,10 @@ def stored_dtype(path: Path) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
 
 
-def export(run) -> Path:
-    """Write the draft LM's export dir and (if export.check) parity-check it in vLLM."""
+def export_run(run) -> Path:
+    """Write the draft LM's export dir (export/stage.py then runs the vLLM parity check)."""
     from transformers import AutoTokenizer
 
-    from draftkit.export import stage
     from draftkit.serving import vllm_engine
 
     t0 = time.perf_counter()
@@ -69,7 +68,6 @@ def export(run) -> Path:
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
     print(f"exported {out}\n  vllm serve {target_ref(cfg)} --speculative-config "
           f"'{json.dumps(vllm_engine.draft_model_config(out, k, cfg.draft.draft_sample_method))}'")
-    stage.check_in_vllm(run, out)
     return out
 
 

@@ -1,16 +1,9 @@
-"""The draft LM as a refreshable draft kind (the `DraftKind` protocol of draftkit/rl/kinds.py):
-what refresh, drift, publish and the live swap need, registered on import.
-
-    load(dir, policy_model, k)   the published HF dir as a `DraftLM`, its frozen target parts
-                                 (final norm, lm_head) copied from the current policy
-    features(...)                {"last": [B, T, H]}: the policy's pre-norm last state, the only
-                                 tensor the distillation loss needs
-    step_logits(model, batch)    k x [B, T, V]: step j at index t drafts x_{t+2+j} teacher-
-                                 forced, i.e. the draft's logits at position t+1+j; full vocab
-    export(model, tmp, final, cfg)   the same plain HF dir `draftkit export` writes
-    engine_view(dir)             the published tensors under vLLM's names (fused qkv/gate_up),
-                                 what a swap into a live engine is checked against
-Fine-tuning calls `DraftLM.forward(batch) -> (loss, metrics)` like the trainer.
+"""The draft LM as a draft kind (drafts/kind.py): a small HF causal LM that shares the
+target's tokenizer, served by vLLM as `method: draft_model` from a plain HF dir. Its harvest
+needs: only the target's last pre-norm state (draft.aux_layer_ids = [N]), the distillation
+target. Refresh: `load` wraps the published LM with the policy's final norm and lm_head,
+`features` gives {"last"}, `step_logits` are the LM's own logits teacher-forced (draft id =
+target id), `engine_view` the HF names vLLM holds once q/k/v and gate/up are fused.
 """
 
 from __future__ import annotations
@@ -19,13 +12,67 @@ from pathlib import Path
 
 import torch
 
+from draftkit.core.errors import DraftkitError
 from draftkit.drafts.draft_lm.model import DraftLM
 from draftkit.drafts.eagle3.losses import shift
-from draftkit.rl.kinds import device_of, fuse_projections, register
+from draftkit.drafts.kind import device_of, fuse_projections, register
 
 
 class DraftLMKind:
     name, method = "draft-lm", "draft_model"
+
+    # ----------------------------------------------------------------- init, train
+
+    def resolve(self, cfg, info) -> None:
+        from draftkit.drafts.draft_lm.build import resolve_init
+
+        if not cfg.draft.aux_layer_ids:  # the last state (id N) only: harvest no more
+            cfg.draft.aux_layer_ids = [info.num_hidden_layers]
+        resolve_init(cfg, info)  # sibling | truncate | scratch, checked against the target
+
+    def describe(self, cfg) -> str | None:
+        from draftkit.drafts.draft_lm.build import describe_init
+
+        return describe_init(cfg)
+
+    def check_train(self, cfg) -> None:
+        if cfg.train.feature_noise:
+            raise DraftkitError("train.feature_noise is for EAGLE-3 heads (noise on the "
+                                "target's features); set train.feature_noise=0 for "
+                                f"draft.kind={self.name}")
+        if cfg.train.freeze_head:
+            raise DraftkitError("train.freeze_head fixes an EAGLE-3 head's norm and lm_head; "
+                                f"set train.freeze_head=false for draft.kind={self.name}")
+
+    def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
+        from draftkit.drafts.draft_lm.build import build_draft_lm
+
+        return build_draft_lm(cfg, target)
+
+    # ----------------------------------------------------------------- export, eval
+
+    def export_run(self, run) -> Path:
+        from draftkit.drafts.draft_lm.export import export_run
+
+        return export_run(run)
+
+    def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
+        return {"vocab": (conf.get("vocab_size"), cfg.target.vocab_size)}
+
+    def load_export(self, directory: Path, target_model) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(directory)
+
+    def reference_drafter(self, draft, target):
+        from draftkit.eval.spec_decode import HFDraftLM
+
+        return HFDraftLM(draft)
+
+    def aux_layer_ids(self, draft) -> list[int] | None:
+        return None  # the target's plain logits suffice
+
+    # ----------------------------------------------------------------- refresh
 
     def load(self, directory: Path, policy_model, k: int) -> DraftLM:
         from draftkit.drafts.draft_lm.build import load_lm
@@ -70,4 +117,4 @@ class DraftLMKind:
         return fuse_projections(load_file(str(Path(directory) / "model.safetensors")))
 
 
-register(DraftLMKind())
+KIND = register(DraftLMKind())

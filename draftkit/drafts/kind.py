@@ -1,0 +1,125 @@
+"""The one interface every draft kind implements, and the registry the stages ask.
+
+A kind is a folder under `drafts/` (eagle3/, draft_lm/) whose `kind.py` defines one object with
+the methods below; the stages never branch on a kind's name. Adding a kind is a folder plus one
+line in `BUILTIN` (or a `register(...)` call from code outside draftkit).
+
+    name, method                     draft.kind in the run config; vLLM's speculative method
+  init
+    resolve(cfg, info)               fill and check the kind's draft.* fields for target `info`
+                                     (its harvest needs: draft.aux_layer_ids, which states)
+    describe(cfg) -> str | None      init's line on where this draft starts, if any
+  train
+    check_train(cfg)                 refuse train.* settings the kind has no use for
+    build(cfg, data_runs, target)    the module training starts from (new or train.init_from);
+                                     its forward(batch) -> (loss, metrics) is what the loop calls
+  export and eval
+    export_run(run) -> Path          write <run>/export (or export.out) from train/best; the
+                                     stage runs the vLLM parity check after it
+    export_shapes(conf, cfg)         {field: (found, wanted)} of an export's config.json against
+                                     the run's target: what eval checks before serving it
+    load_export(dir, target_model)   the exported draft as a torch module (reference decoder)
+    reference_drafter(draft, target) the reference decoder's drafter (eval/spec_decode.py);
+                                     `aux_layer_ids(draft)`: what the HFTarget must capture
+  refresh (rl/)
+    load(dir, policy_model, k)       a published draft with its frozen target parts from the
+                                     policy, fp32 on the policy's device
+    features(model, policy_model, ids, mask)   the policy's tensors a batch needs (always
+                                     "last" [B, T, H], the pre-norm state), on the policy's device
+    step_logits(model, batch)        k x [B, T, Vd]: step j at index t drafts x_{t+2+j}
+                                     (teacher-forced), plus vocab_ids [Vd] -> target ids
+    export(model, tmp, final, cfg)   a refreshed model as a dir vLLM loads as it is
+    engine_view(dir)                 the published tensors as vLLM's drafter holds them (names,
+                                     fused qkv/gate_up): what a swap's hash check compares
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from draftkit.core.errors import DraftkitError
+
+
+class DraftKind(Protocol):
+    name: str
+    method: str
+
+    def resolve(self, cfg, info) -> None: ...
+
+    def describe(self, cfg) -> str | None: ...
+
+    def check_train(self, cfg) -> None: ...
+
+    def build(self, cfg, data_runs: list, target) -> torch.nn.Module: ...
+
+    def export_run(self, run) -> Path: ...
+
+    def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]: ...
+
+    def load_export(self, directory: Path, target_model) -> torch.nn.Module: ...
+
+    def reference_drafter(self, draft, target): ...
+
+    def aux_layer_ids(self, draft) -> list[int] | None: ...
+
+    def load(self, directory: Path, policy_model, k: int) -> torch.nn.Module: ...
+
+    def features(self, model, policy_model, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    def step_logits(self, model, batch: dict) -> tuple[list[torch.Tensor], torch.Tensor]: ...
+
+    def export(self, model, tmp: Path, final: Path, cfg) -> None: ...
+
+    def engine_view(self, directory: Path) -> dict[str, torch.Tensor]: ...
+
+
+# name -> module whose import registers the kind (kept lazy: a kind pulls in its model code)
+BUILTIN = {"eagle3": "draftkit.drafts.eagle3.kind", "draft-lm": "draftkit.drafts.draft_lm.kind"}
+_KINDS: dict[str, DraftKind] = {}
+
+
+def register(kind: DraftKind) -> DraftKind:
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def names() -> list[str]:
+    return sorted({*BUILTIN, *_KINDS})
+
+
+def get(name: str) -> DraftKind:
+    if name not in _KINDS and name in BUILTIN:
+        importlib.import_module(BUILTIN[name])
+    if name not in _KINDS:
+        raise DraftkitError(f"unknown draft kind {name!r}; choose one of {', '.join(names())} "
+                            "(draft.kind, or --draft at init)")
+    return _KINDS[name]
+
+
+def of(cfg) -> DraftKind:
+    """The kind of a run config."""
+    return get(cfg.draft.kind)
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where a model's weights are (the policy's: where refresh runs the draft too)."""
+    return next(model.parameters()).device
+
+
+def fuse_projections(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """q/k/v_proj -> qkv_proj and gate/up_proj -> gate_up_proj, as vLLM stores them."""
+    out = dict(t)
+    for parts, fused in ((("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+                         (("gate_proj", "up_proj"), "gate_up_proj")):
+        for name in [n for n in t if f".{parts[0]}." in n]:
+            names_ = [name.replace(f".{parts[0]}.", f".{p}.") for p in parts]
+            if all(n in t for n in names_):
+                out[name.replace(f".{parts[0]}.", f".{fused}.")] = torch.cat([t[n] for n in names_])
+                for n in names_:
+                    out.pop(n)
+    return out
