@@ -41,6 +41,7 @@ from tqdm import tqdm
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.eval import report, splits
 from draftkit.eval.counters import SpecCounters
 from draftkit.prepare.dataset import load_prompts
@@ -128,21 +129,12 @@ def check_export(run: Run) -> Path:
                             f"missing); run `{cmd}` first")
     conf = artifacts.read_json(d / "config.json")
     t = cfg.target
-    if cfg.draft.kind == "eagle3":
-        from draftkit.drafts.eagle3 import format as fmt
-
-        try:
-            spec = fmt.from_config(conf)
-        except (DraftkitError, KeyError, TypeError, ValueError) as e:
-            raise DraftkitError(f"{d}/config.json is not a loadable EAGLE-3 (speculators) "
-                                f"config ({type(e).__name__}: {e}); re-export with `{cmd}`") from e
-        found = {"hidden size": spec.hidden_size, "target hidden size": spec.target_hidden_size,
-                 "vocab": spec.target_vocab_size}
-        want = {"hidden size": t.hidden_size, "target hidden size": t.hidden_size,
-                "vocab": t.vocab_size}
-    else:
-        found, want = {"vocab": conf.get("vocab_size")}, {"vocab": t.vocab_size}
-    bad = [f"{key} {found[key]} != {want[key]}" for key in want if found[key] != want[key]]
+    try:
+        shapes = kinds.of(cfg).export_shapes(conf, cfg)  # {field: (found, wanted)}
+    except (DraftkitError, KeyError, TypeError, ValueError) as e:
+        raise DraftkitError(f"{d}/config.json is not a loadable {cfg.draft.kind} export "
+                            f"({type(e).__name__}: {e}); re-export with `{cmd}`") from e
+    bad = [f"{key} {got} != {wanted}" for key, (got, wanted) in shapes.items() if got != wanted]
     if bad:
         raise DraftkitError(f"the draft at {d} does not fit the run's target {t.name}: "
                             f"{'; '.join(bad)}. It was trained for another target: re-export "
@@ -185,7 +177,7 @@ def started(spec: vllm_engine.EngineSpec):
 
 
 def methods(cfg) -> list[tuple[str, int | None]]:
-    kind = "eagle3" if cfg.draft.kind == "eagle3" else "draft_model"
+    kind = kinds.of(cfg).method
     return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in (*FREE, kind)]
 
 
@@ -286,7 +278,7 @@ def row(method: str, k: int | None, temperature: float, m: dict) -> dict:
 def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
     """fp32 greedy with the export vs without speculation: exact-sequence match rate."""
     e = cfg.eval
-    kind = "eagle3" if cfg.draft.kind == "eagle3" else "draft_model"
+    kind = kinds.of(cfg).method
     k = cfg.draft.num_speculative_tokens if cfg.draft.num_speculative_tokens in e.k_values \
         else max(e.k_values)
     b = min(e.batch_sizes)
@@ -336,33 +328,26 @@ def load_torch_models(cfg, export_dir: Path):
 
     target = load_target(cfg.target.name, dtype="float32", revision=cfg.target.revision)
     device = next(target.model.parameters()).device
-    if cfg.draft.kind == "eagle3":
-        from draftkit.drafts.eagle3.model import Eagle3Draft
-
-        draft = Eagle3Draft.from_pretrained(export_dir, target_model=target.model)
-    else:
-        from transformers import AutoModelForCausalLM
-
-        draft = AutoModelForCausalLM.from_pretrained(export_dir)
+    draft = kinds.of(cfg).load_export(export_dir, target.model)
     draft = draft.to(device=device, dtype=next(target.model.parameters()).dtype).eval()
     return target, draft.requires_grad_(False)
 
 
 def measure_reference(cfg, target, draft, prompts) -> list[dict]:
     """AL and per-position acceptance of the torch reference decoder at each (k, T)."""
-    from draftkit.eval.spec_decode import Eagle3Drafter, HFDraftLM, HFTarget, speculative_decode
+    from draftkit.eval.spec_decode import HFTarget, speculative_decode
 
     e = cfg.eval
     subset = prompts[:max(1, e.reference_prompts)]
-    aux = draft.spec.aux_layer_ids if cfg.draft.kind == "eagle3" else None
-    hf_target = HFTarget(target.model, aux_layer_ids=aux)
+    kind = kinds.of(cfg)
+    hf_target = HFTarget(target.model, aux_layer_ids=kind.aux_layer_ids(draft))
     rows = []
     grid = [(k, t) for k in e.k_values for t in e.temperatures]
     for k, temp in tqdm(grid, desc="reference decoder", unit="setting"):
         c, tokens, t0 = SpecCounters(accepted_per_pos=[0] * k), 0, time.perf_counter()
         gen = torch.Generator().manual_seed(e.seed)
         for prompt in subset:
-            drafter = Eagle3Drafter(draft, hf_target) if aux else HFDraftLM(draft)
+            drafter = kind.reference_drafter(draft, hf_target)
             out = speculative_decode(hf_target, drafter, prompt, k, e.max_new_tokens, temp,
                                      eos_id=target.tokenizer.eos_token_id, generator=gen)
             tokens += len(out.tokens)
