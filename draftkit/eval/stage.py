@@ -7,8 +7,8 @@ on the run's held-out eval prompts.
     draftkit eval runs/tiny --engine reference eval.num_prompts=4 eval.max_new_tokens=32
 
 vLLM (`eval.engine` vllm|both): one engine per (method, k) — no speculation, n-gram(k),
-suffix(k), the export(k) — reused across temperatures and batch sizes; prompts go in groups of `batch`
-(`max_tokens=eval.max_new_tokens`, EOS honoured). AL = 1 + accepted / drafts and
+suffix(k), the export(k) — reused across temperatures and batch sizes; prompts go in groups of
+`batch` (`max_tokens=eval.max_new_tokens`, EOS honoured). AL = 1 + accepted / drafts and
 per-position acceptance = accepted_at_pos_i / drafts come from vLLM's counters, speedup =
 tokens/s over the no-speculation tokens/s at the same (T, batch), all from this one run.
 Projected speedup (next to the measured one): with a_i the per-position acceptance,
@@ -16,14 +16,15 @@ Projected speedup (next to the measured one): with a_i the per-position acceptan
     projected speedup = (1 + sum_i a_i) * c_target / (c_verify(k) + k * c_draft)
 where c_target / c_verify(k) time one target forward of 1 / k+1 new tokens per sequence with a
 KV cache at the mean eval context and c_draft one draft step, all in torch on this machine at
-batch b (costs.py; n-gram and suffix drafting cost 0). Suffix decoding needs arctic-inference
-(`make setup` installs it): where it cannot be imported or its engine fails to start, its rows
-carry the reason (`unavailable`) instead of numbers, and the eval goes on. Its engine forgets every response
-before each measurement (vllm_engine.reset_suffix_cache): its global tree drafts only from
-responses of the same measurement, never from an earlier run's answers to the same prompts. Lossless check: fp32
-greedy outputs with the export vs vLLM's own fp32 outputs without speculation (reuses the T=0
-runs when eval.dtype is float32, and then checks n-gram's and suffix's too; else starts two fp32
-engines). Reference (`eval.engine` reference|both): the torch
+batch b (costs.py; n-gram and suffix drafting cost 0).
+Suffix decoding needs arctic-inference (`make setup` installs it): where it cannot be imported
+or its engine fails to start, its rows carry the reason (`unavailable`) instead of numbers, and
+the eval goes on. Its engine forgets every response before each measurement
+(vllm_engine.reset_suffix_cache): its global tree drafts from responses of the same
+measurement only, never from an earlier measurement's answers to the same prompts.
+Lossless check: fp32 greedy outputs with the export vs vLLM's own fp32 outputs without
+speculation (reuses the T=0 runs when eval.dtype is float32, and then checks n-gram's and
+suffix's too; else starts two fp32 engines). Reference (`eval.engine` reference|both): the torch
 decoder of spec_decode.py over `eval.reference_prompts` prompts at each (k, T).
 Outputs: <run>/eval/eval-<run>-<time>.{json,md} + PNG plots (report.py) and meta.json
 (`eval.results_dir=DIR`: the files in DIR, json/md copied into <run>/eval).
