@@ -1,6 +1,6 @@
 """The refresh benchmark (draftkit/rl/bench.py): draft v0 on policy v0, the stale draft on
-policy vN, the refreshed draft (hot-swapped), a from-scratch draft, n-gram and no speculation,
-at T=1 and T=0, on held-out math prompts in vLLM. Writes results/bench_refresh.{json,md,png}.
+policy vN, the refreshed draft (hot-swapped), a from-scratch draft, n-gram, suffix decoding and
+no speculation, at T=1 and T=0, on held-out math prompts in vLLM. Writes results/bench_refresh.{json,md,png}.
 
     # policy vN and its rollouts from a longer / higher-lr RL run
     python scripts/rl_loop.py --out runs/rl-loop/long draft=ngram steps=40 lr=3e-5
@@ -14,7 +14,8 @@ at T=1 and T=0, on held-out math prompts in vLLM. Writes results/bench_refresh.{
     python scripts/bench_refresh.py --out /tmp/bench draft_run=... policy_vn=... \
         rollouts=[...] prompts=4 max_tokens=16 batch_size=4
 
-Settings are `BenchConfig` fields as key=value.
+Settings are `BenchConfig` fields as key=value (`free_methods=[ngram]` leaves suffix decoding
+out; without arctic-inference its row says why).
 """
 
 from __future__ import annotations

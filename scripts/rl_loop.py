@@ -5,9 +5,12 @@ the draft refreshed and hot-swapped by `DraftRefresher` (draftkit/rl/grpo_loop.p
     python scripts/rl_loop.py --out runs/rl-loop/refresh draft_run=runs/smol refresh_every=5
     python scripts/rl_loop.py --out runs/rl-loop/stale draft_run=runs/smol     # no refresh
     python scripts/rl_loop.py --out runs/rl-loop/ngram draft=ngram
-    # plot AL and reward against step, with and without refresh
+    # suffix decoding (no training): G=8 samples per problem, drafted from sibling rollouts
+    python scripts/rl_loop.py --out runs/rl-loop/suffix draft=suffix group_size=8
+    # plot AL and reward against step, with and without refresh, beside n-gram and suffix
     python scripts/rl_loop.py --plot results/rl_loop.png \
-        --log refresh=runs/rl-loop/refresh/log.jsonl --log stale=runs/rl-loop/stale/log.jsonl
+        --log refresh=runs/rl-loop/refresh/log.jsonl --log stale=runs/rl-loop/stale/log.jsonl \
+        --log ngram=runs/rl-loop/ngram/log.jsonl --log suffix=runs/rl-loop/suffix/log.jsonl
     # tiny smoke: 2 steps, 2 problems x 2 samples, 32 tokens
     python scripts/rl_loop.py --out /tmp/rl-smoke draft=ngram steps=2 prompts_per_step=2 \
         group_size=2 max_tokens=32 tracking.backend=none
@@ -37,8 +40,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = grpo_loop.load_config(args.config, args.overrides)
         records = grpo_loop.run(cfg, args.out)
         last = records[-1] if records else {}
-        print(json.dumps({k: last.get(k) for k in ("step", "reward", "al", "tokens_per_s",
-                                                   "kl_ref", "elapsed_s")}))
+        print(json.dumps({k: last.get(k) for k in ("step", "reward", "al", "tokens_per_step",
+                                                   "tokens_per_s", "kl_ref", "elapsed_s")}))
         logs.setdefault(cfg.draft + (" + refresh" if cfg.refreshing else ""),
                         f"{args.out}/log.jsonl")
     if args.plot:

@@ -1,6 +1,6 @@
 """bench_refresh on a tiny smoke setting (tiny-llama, random EAGLE-3 head as draft v0, a
 perturbed copy of the policy as vN with its own rollouts): every variant is measured at T=1 and
-T=0, the refresh ran on a copy (the draft run is untouched), the swap was timed, and the JSON,
+T=0 (the free method: suffix decoding; n-gram shares its code path and eval's test serves it), the refresh ran on a copy (the draft run is untouched), the swap was timed, and the JSON,
 Markdown and PNG are written. The numbers mean nothing here; the goals are evaluated, not
 asserted. Plus config errors without vLLM."""
 
@@ -61,10 +61,11 @@ def test_bench_smoke(tmp_path, tiny_target):
                         f"rollouts=[{rollouts}]", "prompts=4", "max_tokens=16", "batch_size=4",
                         "max_model_len=512", f"work_dir={tmp_path / 'work'}",
                         "draft_sampling=probabilistic",  # the product's default drafting
+                        "free_methods=[suffix]",
                         "refresh_overrides=[refresh.budget_steps=10, refresh.lr=3e-3,"
                         " refresh.gate=false]"])
     result = json.loads((tmp_path / "out" / "bench_refresh.json").read_text())
-    assert list(result["rows"]) == ["v0/v0", "stale", "refreshed", "ngram", "none"]
+    assert list(result["rows"]) == ["v0/v0", "stale", "refreshed", "suffix", "none"]
     for row in result["rows"].values():
         assert set(row) == {"T=1", "T=0"}
         assert all(r["tokens_per_s"] > 0 and r["al"] >= 1.0 for r in row.values())
@@ -77,6 +78,10 @@ def test_bench_smoke(tmp_path, tiny_target):
     assert result["refresh"]["steps"] == 10 and result["refresh"]["tokens_trained"] > 0
     assert result["swap"]["load_s"] > 0 and result["swap"]["restart"] is False
     assert result["goals"]["recovers_90pct_of_scratch"]["ok"] is None  # no scratch run
+    assert result["rows"]["suffix"]["T=0"]["per_position"]  # suffix decoding drafted
+    assert result["goals"]["faster_than_suffix"]["ok"] is not None
+    assert result["goals"]["faster_than_ngram"] == {"ok": None,
+                                                    "detail": "not measured (free_methods)"}
     assert sorted(p.name for p in run.iterdir()) == before  # refreshed a copy, not the run
     assert (tmp_path / "work" / "refresh-run" / "drafts").is_dir()  # the copy: not in --out
     assert not (tmp_path / "out" / "refresh-run").exists()

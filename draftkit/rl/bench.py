@@ -10,12 +10,15 @@ measured in vLLM at each temperature (T=1, the RL setting, and T=0):
     scratch     a draft trained from scratch on vN with v0's data budget (a run dir:
                 scripts/scratch_draft.py builds it, rl/scratch.py; skipped when not given)
     ngram       vLLM n-gram on vN
+    suffix      vLLM suffix decoding on vN (arctic-inference; where it cannot be imported the
+                row says why); its cache is emptied before each temperature, so it never
+                drafts the previous temperature's answers to the same prompts
     none        no speculation on vN
 Each row: AL (vLLM's, drafted steps), tokens per target step (every step), per-position
 acceptance, tokens/s. The refresh's compute (steps, tokens, wall time) is set against the
 scratch run's (steps, stage times), and the issue's goals are checked:
 refreshed AL >= 90% of scratch at <= 20% of its compute, swap < 1 s, refreshed rollouts at
-T=1 faster than stale and than n-gram.
+T=1 faster than stale, than n-gram and than suffix decoding.
 
 The refresh runs on a copy of the draft run (`<work_dir>/refresh-run`: config + export only),
 so the draft run itself is never modified.
@@ -36,6 +39,8 @@ from pathlib import Path
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.errors import DraftkitError
 
+FREE = ("ngram", "suffix")  # vLLM's speculation without a trained draft
+
 
 @dataclass
 class BenchConfig:
@@ -54,6 +59,7 @@ class BenchConfig:
     # vLLM's draft_sample_method for every EAGLE-3 row (draft.draft_sample_method); the
     # committed results/bench_refresh*.json were measured with greedy drafting
     draft_sampling: str = "greedy"
+    free_methods: list[str] = field(default_factory=lambda: list(FREE))  # no trained draft
     batch_size: int = 16
     dtype: str = "float32"
     max_model_len: int = 1024
@@ -68,6 +74,8 @@ class BenchConfig:
         from draftkit.serving.vllm_engine import draft_sampling
 
         draft_sampling(self.draft_sampling)  # a clear error before any engine starts
+        if bad := [m for m in self.free_methods if m not in FREE]:
+            raise DraftkitError(f"free_methods: {bad} unknown; choose from {', '.join(FREE)}")
         return self
 
 
@@ -82,14 +90,17 @@ def heldout_prompts(tok, n: int, seed: int) -> list[list[int]]:
     return [prompt_ids(tok, p.question) for p in mathgen.generate("eval", n, seed=seed)]
 
 
-def measure(llm, prompts: list[list[int]], cfg: BenchConfig) -> dict:
+def measure(llm, prompts: list[list[int]], cfg: BenchConfig, suffix: bool = False) -> dict:
     """{"T=1": {al, tokens_per_step, per_position, tokens_per_s, output_tokens}, ...} for one
-    engine state (after an untimed warm-up: the first batch of an engine pays for allocations)."""
+    engine state (after an untimed warm-up: the first batch of an engine pays for allocations).
+    `suffix`: a suffix decoding engine, its cache emptied before each temperature."""
     from draftkit.serving import vllm_engine
 
     vllm_engine.generate(llm, prompts[:2], vllm_engine.sampling(0.0, 8))  # warm-up, untimed
     out = {}
     for t in cfg.temperatures:
+        if suffix:  # else it drafts the warm-up's / last temperature's answers to these prompts
+            vllm_engine.reset_suffix_cache(llm)
         run = vllm_engine.measure(llm, prompts, vllm_engine.sampling(t, cfg.max_tokens,
                                                                      seed=cfg.seed),
                                   batch_size=cfg.batch_size)
@@ -140,7 +151,7 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
     """Every variant, one engine per (policy, speculation) pair; the JSON-able result."""
     from transformers import AutoTokenizer
 
-    from draftkit.rl import kinds
+    from draftkit.drafts import kind as kinds
     from draftkit.serving import drafter_swap, policy_sync, vllm_engine
     from draftkit.target.load import target_dir
 
@@ -153,7 +164,8 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
     def engine(model: str, spec: dict | None):
         return vllm_engine.engine(vllm_engine.EngineSpec(
             model=model, dtype=cfg.dtype, max_model_len=cfg.max_model_len, seed=cfg.seed,
-            speculative_config=spec, extra=policy_sync.engine_kwargs()))
+            speculative_config=spec,
+            extra=vllm_engine.suffix_engine_kwargs(spec) or policy_sync.engine_kwargs()))
 
     def eagle3(draft_dir) -> dict:
         return vllm_engine.eagle3_config(draft_dir, cfg.k, cfg.draft_sampling)
@@ -165,15 +177,19 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
         rows["stale"] = measure(llm, prompts, cfg)
         t0 = time.perf_counter()
         report = drafter_swap.swap_into(llm, refreshed["dir"], kinds.get("eagle3"),
-                                        prompts[:8], min_al=0.0, max_tokens=32)
+                                        prompts[:8], min_al=1.001, max_tokens=32)  # arrived
         swap = {"load_s": report["swap_s"], "with_check_s": time.perf_counter() - t0,
                 "restart": False}
         rows["refreshed"] = measure(llm, prompts, cfg)
     if cfg.scratch_run:
         with engine(vn, eagle3(Path(cfg.scratch_run) / "export")) as llm:
             rows["scratch"] = measure(llm, prompts, cfg)
-    with engine(vn, vllm_engine.ngram_config(cfg.k)) as llm:
-        rows["ngram"] = measure(llm, prompts, cfg)
+    for method in cfg.free_methods:
+        if method == "suffix" and (why := vllm_engine.suffix_unavailable()):
+            rows[method] = {"unavailable": why}
+            continue
+        with engine(vn, vllm_engine.speculative_config(method, cfg.k, None)) as llm:
+            rows[method] = measure(llm, prompts, cfg, suffix=method == "suffix")
     with engine(vn, None) as llm:
         rows["none"] = measure(llm, prompts, cfg)
     scratch = scratch_compute(cfg.scratch_run) if cfg.scratch_run else None
@@ -194,8 +210,14 @@ def goals(result: dict, temperatures: list[float]) -> dict:
     fast = rows["refreshed"][t1]["tokens_per_s"]
     out["faster_than_stale"] = {"ok": fast > rows["stale"][t1]["tokens_per_s"],
                                 "detail": f"{fast:.1f} vs {rows['stale'][t1]['tokens_per_s']:.1f} tok/s"}
-    out["faster_than_ngram"] = {"ok": fast > rows["ngram"][t1]["tokens_per_s"],
-                                "detail": f"{fast:.1f} vs {rows['ngram'][t1]['tokens_per_s']:.1f} tok/s"}
+    for m in FREE:
+        if m not in rows or "unavailable" in rows[m]:
+            out[f"faster_than_{m}"] = {"ok": None, "detail": rows.get(m, {}).get(
+                "unavailable", "not measured (free_methods)")}
+            continue
+        other = rows[m][t1]["tokens_per_s"]
+        out[f"faster_than_{m}"] = {"ok": fast > other,
+                                   "detail": f"{fast:.1f} vs {other:.1f} tok/s"}
     sc = result["scratch"]
     if "scratch" in rows and sc and sc.get("total_s"):
         ratio = rows["refreshed"][t1]["al"] / rows["scratch"][t1]["al"]
@@ -216,6 +238,9 @@ def markdown(result: dict) -> str:
                                        for t in temps) + " |"
     lines = [head, "|" + "---|" * (1 + 4 * len(temps))]
     for name, row in result["rows"].items():
+        if "unavailable" in row:
+            lines.append(f"| {name} | not measured: {row['unavailable']} |")
+            continue
         cells = [f"{row[t]['al']:.3f} | {row[t]['tokens_per_step']:.3f} | "
                  f"{', '.join(f'{x:.2f}' for x in row[t]['per_position'])}"
                  f" | {row[t]['tokens_per_s']:.1f}" for t in temps]
@@ -245,7 +270,7 @@ def plot(result: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     temps = list(next(iter(result["rows"].values())))
-    names = list(result["rows"])
+    names = [n for n, row in result["rows"].items() if "unavailable" not in row]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     width = 0.8 / len(temps)
     for i, t in enumerate(temps):

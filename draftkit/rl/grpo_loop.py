@@ -8,8 +8,14 @@ answers, `draftkit.prepare.mathgen`) with the current draft as speculative decod
 (draftkit/serving/policy_sync.py); `DraftRefresher` sees the step's rollouts and, when its
 trigger fires, refreshes the draft with the updated policy and swaps it in (hash + probe-AL
 checked). One JSON line per step in `<out>/log.jsonl` (and wandb, offline without a key):
-reward, rollout AL from vLLM's counters, rollout tokens/s, KL from the initial policy, refresh
-events with their cost.
+reward, rollout AL from vLLM's counters, tokens per target step, rollout tokens/s, KL from the
+initial policy, refresh events with their cost.
+
+Drafts without training: `draft=ngram`, and `draft=suffix` (vLLM's suffix decoding; needs
+arctic-inference, which `make setup` installs). A step's G samples of a prompt go to the engine
+together, so suffix decoding's global tree drafts from the sibling rollouts of the GRPO group
+as they are generated, and from every earlier step's rollouts (the engine's cache is never
+emptied in the loop: rollout history is what it drafts from).
 
 With and without refresh on the same draft: run without refresh first (it leaves the draft
 run's `drafts/current` alone), then with it; or give each its own copy of the draft run.
@@ -30,7 +36,7 @@ from draftkit.core.config import TrackingConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.rl import grpo, reward
 
-DRAFTS = ("eagle3", "ngram", "none")
+DRAFTS = ("eagle3", "ngram", "suffix", "none")
 
 
 @dataclass
@@ -49,7 +55,7 @@ class LoopConfig:
     kl_samples: int = 4  # rollouts per step the logged KL-to-initial is measured on
     loss_agg: str = "token"  # token | sequence
     format_weight: float = 0.1  # reward for stating the answer as '#### N'
-    draft: str = "eagle3"  # eagle3 | ngram | none
+    draft: str = "eagle3"  # eagle3 | ngram | suffix | none
     draft_run: str = ""  # eagle3: run dir whose drafts/current (or export) is the draft
     k: int = 3  # speculative tokens
     refresh_every: int = 0  # DraftRefresher: refresh every N steps (0 = off)
@@ -70,7 +76,13 @@ class LoopConfig:
         if self.group_size < 2:
             raise DraftkitError("group_size must be >= 2: GRPO normalises within a group")
         if (self.refresh_every or self.refresh_al_drop) and self.draft != "eagle3":
-            raise DraftkitError("refresh needs draft=eagle3 (n-gram and none have no weights)")
+            raise DraftkitError("refresh needs draft=eagle3 (n-gram, suffix and none have no "
+                                "weights)")
+        if self.draft == "suffix":
+            from draftkit.serving.vllm_engine import suffix_unavailable
+
+            if why := suffix_unavailable():
+                raise DraftkitError(f"draft=suffix cannot run here: {why}; or use draft=ngram")
         return self
 
     @property
@@ -112,6 +124,8 @@ def speculative_config(cfg: LoopConfig) -> dict | None:
 
     if cfg.draft == "ngram":
         return vllm_engine.ngram_config(cfg.k)
+    if cfg.draft == "suffix":  # drafts from the group's sibling rollouts and earlier steps'
+        return vllm_engine.suffix_config(cfg.k)
     if cfg.draft == "eagle3":  # drafted as the draft run says (draft.draft_sample_method)
         sample = config.load(cfg.draft_run).draft.draft_sample_method
         return vllm_engine.eagle3_config(DraftStore(cfg.draft_run).current_dir(), cfg.k, sample)
@@ -119,7 +133,8 @@ def speculative_config(cfg: LoopConfig) -> dict | None:
 
 
 def rollout(llm, batch: list[dict], cfg: LoopConfig, tok) -> tuple[list[dict], dict]:
-    """G samples per problem at cfg.temperature: (rows with reward, engine stats)."""
+    """G samples per problem at cfg.temperature, every group in one engine call (siblings are
+    generated side by side): (rows with reward, engine stats)."""
     from draftkit.serving import vllm_engine
 
     prompts = [b["prompt_ids"] for b in batch for _ in range(cfg.group_size)]
@@ -136,6 +151,7 @@ def rollout(llm, batch: list[dict], cfg: LoopConfig, tok) -> tuple[list[dict], d
     spec = run["spec"] or {}
     stats = {"rollout_tokens": run["output_tokens"], "rollout_s": run["seconds"],
              "tokens_per_s": run["tokens_per_s"], "al": spec.get("acceptance_length"),
+             "tokens_per_step": run["tokens_per_step"], "drafts": spec.get("drafts", 0),
              "per_position": spec.get("per_position")}
     return rows, stats
 
