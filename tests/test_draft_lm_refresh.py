@@ -121,11 +121,12 @@ def test_harvest_capture_trains_the_same_draft_lm(setup, published, tmp_path):
     from draftkit.rl import publish
     from draftkit.rl.refresh import refresh
 
-    run = tmp_path / "dlm-harvest"  # the same run before its refresh: the same job
+    run = tmp_path / "dlm-harvest"  # the same run before its refresh, captured on disk
     shutil.copytree(setup["run"], run, ignore=shutil.ignore_patterns("drafts"))
     res = refresh(run, setup["policy"], [setup["r1"]],
                   [*REFRESH, "refresh.capture=harvest", "harvest.dtype=float32"])
-    assert res["job"] == published["job"] and res["status"] == "published"
+    # refresh.capture is part of the job key (rl/jobs.py): same inputs otherwise, another job
+    assert res["job"] != published["job"] and res["status"] == "published"
     cap = res["lineage"]["capture"]
     assert cap["mode"] == "harvest" and published["lineage"]["capture"]["mode"] == "online"
     assert cap["tokens"] == published["lineage"]["capture"]["tokens"]
