@@ -88,8 +88,8 @@ def test_warm_start_accepts_a_new_checkpoint_dir_of_the_same_lineage(tmp_path, t
     from _rl_helpers import OVERRIDES, make_run
 
     from draftkit.core.init import init_run
+    from draftkit.drafts.eagle3.build import warm_start
     from draftkit.rl.publish import DraftStore
-    from draftkit.train.stage import warm_start
 
     head = DraftStore(make_run(tmp_path / "runs", tiny_target)).current_dir()  # tiny-llama's
     ckpt = tiny_target.model.save_pretrained(tmp_path / "step_9") or tmp_path / "step_9"
