@@ -280,7 +280,7 @@ class Watcher:
             if not files:
                 return  # every new file was set aside: wait for good ones
             why = self.trigger(step, hf, files)
-            if why and not self.refresh(step, hf, files, why):
+            if why and not self.run_refresh(step, hf, files, why):
                 return  # the lock is held: try again at the next tick
         except CheckpointError as e:
             return self.checkpoint_error(ckpt, e, todo)
@@ -289,7 +289,7 @@ class Watcher:
         self.state["seen"] += [p.name for _, p in todo]  # older ones are superseded
         return None
 
-    def refresh(self, step: int, hf: Path, files: list[Path], why: str) -> bool:
+    def run_refresh(self, step: int, hf: Path, files: list[Path], why: str) -> bool:
         """Run the refresh; False = another refresh holds the lock (nothing decided)."""
         self.event("refresh_started", step=step, checkpoint=str(hf), reason=why,
                    rollouts=[str(f) for f in files])
