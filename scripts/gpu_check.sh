@@ -8,8 +8,9 @@
 # Once, here (a machine with PyPI; no GPU needed): fetch the wheels the GPU image lacks (its
 # package list: /work/.library/device/KINDS.md) into .whl/, ignored by git and carried:
 #     scripts/gpu_check.sh --fetch
-# There (device tool `run`, carry [".whl"], timeout_s 420):
-#     DRAFTKIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_check.sh      # on this machine's side
+# There (device tool `run`, carry [".whl"], timeout_s 420), the sha written out here, since the
+# tree travels without .git:
+#     DRAFTKIT_COMMIT=<git rev-parse HEAD, here> bash scripts/gpu_check.sh
 #
 # The wheel is built there from the working tree that travelled (so it is the code under test);
 # a carried .whl/draftkit-*.whl is the fallback if that build fails. Deps go in with --no-deps
