@@ -14,6 +14,7 @@ from draftkit.core import config
 from draftkit.core.errors import DraftkitError
 from draftkit.rl import policy as pol
 from draftkit.rl.rollouts import read_rollouts
+from draftkit.target import lineage
 
 
 def _write(path, rows):
@@ -69,7 +70,7 @@ def test_lineage_checks_shapes_and_tokenizer_not_names(tmp_path, tiny_target):
     tiny_target.tokenizer.save_pretrained(ckpt)
     p = pol.load_policy(ckpt, step=3)
     pol.check_lineage(p, cfg)
-    assert pol.same_lineage(str(ckpt), "tiny-llama") == []
+    assert lineage.same_lineage(str(ckpt), "tiny-llama") == []
     assert p.digest == pol.load_policy(ckpt).digest
     other = tmp_path / "other-tok"  # same shapes, another tokenizer
     shutil.copytree(ckpt, other)
@@ -78,7 +79,7 @@ def test_lineage_checks_shapes_and_tokenizer_not_names(tmp_path, tiny_target):
     tok.save_pretrained(other)
     with pytest.raises(DraftkitError, match="tokenizer"):
         pol.check_lineage(pol.load_policy(other), cfg)
-    assert pol.same_lineage(str(other), "tiny-llama") == ["the tokenizers differ"]
+    assert lineage.same_lineage(str(other), "tiny-llama") == ["the tokenizers differ"]
     cfg.target.hidden_size += 8
     with pytest.raises(DraftkitError, match="hidden_size"):
         pol.check_lineage(p, cfg)

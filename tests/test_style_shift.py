@@ -75,7 +75,8 @@ def shifted(tmp_path_factory):
 
 
 def test_shift_moves_the_policy_into_the_layout(shifted):
-    from draftkit.rl.policy import load_policy, same_lineage
+    from draftkit.rl.policy import load_policy
+    from draftkit.target.lineage import same_lineage
 
     policy = shifted["out"] / "policy"
     meta = artifacts.read_json(policy / "meta.json")

@@ -1,7 +1,7 @@
 """Policy checkpoints (a local HF dir, as NeMo-RL/verl/TRL save them, or an in-memory
-`transformers` model) and the lineage rule: a checkpoint is the same target lineage as a run's
-target when the architecture shapes and the tokenizer match. Names never decide: every RL step
-writes a new directory.
+`transformers` model), checked against a run's target by the lineage rule (target/lineage.py:
+the same architecture shapes and tokenizer; names never decide, every RL step writes a new
+directory).
 
     policy = load_policy("ckpts/step_200")            # dir -> model, tokenizer, content hash
     policy = from_model(model, tokenizer, step=200)   # in memory, no checkpoint round-trip
@@ -22,10 +22,13 @@ from pathlib import Path
 import torch
 
 from draftkit.core.errors import DraftkitError
-
-SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "vocab_size")
-
+from draftkit.target.lineage import (
+    run_tokenizer_digest,
+    shape_mismatches,
+    shapes_of,
+    target_shapes,
+    tokenizer_digest,
+)
 
 SHARD = re.compile(r"-(\d+)-of-(\d+)\.safetensors$")  # model-00001-of-00004.safetensors
 INDEX = "model.safetensors.index.json"
@@ -61,24 +64,6 @@ class Policy:
     source: str  # checkpoint dir, or "memory"
     digest: str  # sha256 of the weights (files for a dir, tensors in memory)
     step: int | None = None
-
-
-def shapes_of(hf_config) -> dict:
-    d = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
-    out = {k: d.get(k) for k in SHAPE_KEYS}
-    heads = d.get("num_attention_heads")
-    out["head_dim"] = d.get("head_dim") or (d["hidden_size"] // heads if heads else None)
-    out["num_key_value_heads"] = out["num_key_value_heads"] or heads
-    return out
-
-
-def tokenizer_digest(tok) -> str:
-    """sha256 of the vocabulary (token -> id), the special tokens and the chat template."""
-    h = hashlib.sha256()
-    h.update(json.dumps(sorted(tok.get_vocab().items()), ensure_ascii=False).encode())
-    h.update(json.dumps([tok.bos_token, tok.eos_token, tok.pad_token,
-                         getattr(tok, "chat_template", None)], default=str).encode())
-    return h.hexdigest()
 
 
 def dir_digest(path: str | Path) -> str:
@@ -149,27 +134,6 @@ def from_model(model: torch.nn.Module, tokenizer, step: int | None = None) -> Po
     return Policy(model, tokenizer, "memory", model_digest(model), step)
 
 
-def target_shapes(cfg) -> dict:
-    t = cfg.target
-    return {"num_hidden_layers": t.num_hidden_layers, "hidden_size": t.hidden_size,
-            "num_attention_heads": t.num_attention_heads,
-            "num_key_value_heads": t.num_key_value_heads,
-            "intermediate_size": t.intermediate_size, "vocab_size": t.vocab_size,
-            "head_dim": t.head_dim}
-
-
-def shape_mismatches(a: dict, b: dict) -> list[str]:
-    return [f"{k} {a.get(k)} vs {b.get(k)}" for k in b if a.get(k) != b.get(k)]
-
-
-def run_tokenizer_digest(target_name: str, revision: str = "main") -> str:
-    from transformers import AutoTokenizer
-
-    from draftkit.target.load import target_dir
-
-    return tokenizer_digest(AutoTokenizer.from_pretrained(target_dir(target_name, revision)))
-
-
 def check_lineage(policy: Policy, cfg) -> None:
     """The policy must have the run target's shapes and tokenizer (names are not compared)."""
     problems = shape_mismatches(shapes_of(policy.model.config), target_shapes(cfg))
@@ -181,18 +145,3 @@ def check_lineage(policy: Policy, cfg) -> None:
                             f"{cfg.target.name}: {'; '.join(problems)} (policy vs run). A "
                             "draft refreshes only along one architecture and tokenizer; "
                             "start a new run (`draftkit init --target CKPT`) for another")
-
-
-def same_lineage(name_a: str, name_b: str) -> list[str]:
-    """Problems that keep two targets (registry names or HF dirs) apart; [] = same lineage."""
-    from draftkit.core import registry
-
-    if name_a == name_b:
-        return []
-    a, b = registry.resolve(name_a), registry.resolve(name_b)
-    keys = (*SHAPE_KEYS, "head_dim", "family")
-    problems = [f"{k} {getattr(a, k)} vs {getattr(b, k)}" for k in keys
-                if getattr(a, k) != getattr(b, k)]
-    if not problems and run_tokenizer_digest(name_a) != run_tokenizer_digest(name_b):
-        problems.append("the tokenizers differ")
-    return problems

@@ -10,7 +10,7 @@ it writes is what `bench_refresh.py scratch_run=` takes.
 train and export sections copied from v0's resolved config), and the same number of optimizer
 steps (`train.max_steps` pinned to the steps v0's training took; `train.max_cpu_seconds` off so
 the step count, not the clock, decides). Only the target changes: it is the vN HF dir, which
-must be v0's target lineage (same shapes and tokenizer; rl/policy.same_lineage). The prompts go
+must be v0's target lineage (same shapes and tokenizer; target/lineage.same_lineage). The prompts go
 into a local recipe in `<run>/v0-prompts/` (JSONL + recipe.yaml), so `prepare` reads them as it
 reads any data and regenerates every assistant turn with vN (`data.regenerate` forced on;
 `data.self_instruct` off: v0's self-instruct prompts are already among them). `train.init_from`
@@ -85,7 +85,7 @@ def scratch_config(v0_run: str | Path, policy_vn: str | Path, run_dir: Path, rec
                    overrides: list[str] | None = None) -> config.RunConfig:
     """v0's resolved config with vN as the target and v0's prompts and step count."""
     from draftkit.core.init import fill_target
-    from draftkit.rl.policy import same_lineage
+    from draftkit.target.lineage import same_lineage
 
     v0 = config.load(v0_run)
     vn = str(Path(policy_vn).resolve())

@@ -70,7 +70,7 @@ def _open_harvest(cfg, paths: RunPaths, split: str):
                             "train online with train.mode=online")
     name = config.load(paths.root).target.name  # an extra run may name another checkpoint
     if name != cfg.target.name:  # of the same lineage (shapes + tokenizer), e.g. an RL step
-        from draftkit.rl.policy import same_lineage
+        from draftkit.target.lineage import same_lineage
 
         if problems := same_lineage(name, cfg.target.name):
             raise DraftkitError(f"train.extra_runs entry {paths.root} harvested target {name!r}, "

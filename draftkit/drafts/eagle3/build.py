@@ -53,7 +53,7 @@ def warm_start(cfg, target_model):
             for f in dataclasses.fields(want)
             if f.name not in free and getattr(got, f.name) != getattr(want, f.name)]
     if got.target_name and got.target_name != cfg.target.name:  # lineage: shapes + tokenizer
-        from draftkit.rl.policy import same_lineage
+        from draftkit.target.lineage import same_lineage
 
         diff[:0] = [f"target {got.target_name!r} there, {cfg.target.name!r} here: {p}"
                     for p in same_lineage(got.target_name, cfg.target.name)]
