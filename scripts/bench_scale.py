@@ -327,11 +327,9 @@ def refresh_parts(cfg, head, target, run: Path, device, args, peak: Peak) -> dic
 
 
 def draft_kind(name: str):
-    """The draft kind's refresh interface (drafts/kind.py; rl/kinds.py before the move)."""
-    try:
-        from draftkit.drafts import kind as kinds
-    except ImportError:
-        from draftkit.rl import kinds
+    """The draft kind's refresh interface (drafts/kind.py)."""
+    from draftkit.drafts import kind as kinds
+
     return kinds.get(name)
 
 
