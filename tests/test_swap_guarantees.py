@@ -25,7 +25,7 @@ from _runs import DRAFT, make_run, save_best
 
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
-from draftkit.rl import kinds
+from draftkit.drafts import kind as kinds
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
 from draftkit.serving import drafter_swap

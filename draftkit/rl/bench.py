@@ -152,6 +152,7 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
     from transformers import AutoTokenizer
 
     from draftkit.drafts import kind as kinds
+    from draftkit.rl.refresher import DraftRefresher
     from draftkit.serving import drafter_swap, policy_sync, vllm_engine
     from draftkit.target.load import target_dir
 
@@ -176,8 +177,10 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
     with engine(vn, eagle3(v0_draft)) as llm:
         rows["stale"] = measure(llm, prompts, cfg)
         t0 = time.perf_counter()
+        # the check asks only "did it arrive": AL > 1 on prompts of the rollouts it learned
+        probes = DraftRefresher(Path(cfg.work_dir) / "refresh-run").probes()
         report = drafter_swap.swap_into(llm, refreshed["dir"], kinds.get("eagle3"),
-                                        prompts[:8], min_al=1.001, max_tokens=32)  # arrived
+                                        probes, min_al=1.001, max_tokens=32)
         swap = {"load_s": report["swap_s"], "with_check_s": time.perf_counter() - t0,
                 "restart": False}
         rows["refreshed"] = measure(llm, prompts, cfg)
