@@ -13,6 +13,8 @@ v1/worker/gpu_model_runner.py, subclassed by cpu_model_runner.py):
   propose         runner.propose_draft_token_ids: all of the drafting for the next step
     draft_forward   each call of the drafter's model (counted; tokens per call recorded)
     draft_logits    drafter.model.compute_logits: the draft lm_head (draft vocab)
+    draft_sample    drafter._sample_draft_tokens: the lm_head plus the argmax (or sampling)
+                    over its logits, which vLLM widens to the target's vocab (d2t)
     draft_combine   drafter.model.combine_hidden_states: EAGLE-3's fc over the aux states
     draft_metadata  drafter.build_per_group_and_layer_attn_metadata, per draft forward
   input_prep      runner._update_states, _prepare_inputs, _preprocess: the batch's inputs
@@ -23,7 +25,7 @@ v1/worker/gpu_model_runner.py, subclassed by cpu_model_runner.py):
 
 Disjoint parts of a step (`summarize`): target_forward, target_logits, sample, draft_forward,
 draft_logits, draft_other (propose less its forwards and logits: the proposer's input
-preparation, metadata, fc) and other (the step less all of those: input preparation,
+preparation, metadata, fc, the argmax over the draft logits) and other (the step less all of those: input preparation,
 bookkeeping, rejection bookkeeping, output). Wall time is `time.perf_counter`; on CUDA every
 reading synchronizes first (kernels are asynchronous), which serializes the step: timings,
 not throughput, are what a timed engine is for. Calls outside a step (warm-up, dummy runs)
@@ -55,7 +57,8 @@ SUFFIX_EXTENSION = "draftkit.serving.step_timers.StepTimersSuffix"
 MAX_STEPS = 200_000  # records kept per worker (a reset empties them)
 PARTS = ("target_forward", "target_logits", "sample", "draft_forward", "draft_logits",
          "draft_other", "other")
-DETAILS = ("input_prep", "target_metadata", "bookkeeping", "draft_combine", "draft_metadata")
+DETAILS = ("input_prep", "target_metadata", "bookkeeping", "draft_sample", "draft_combine",
+           "draft_metadata")
 
 
 def engine_kwargs(speculative: dict | None = None) -> dict:
@@ -321,6 +324,8 @@ def _install_drafter(timers: _Timers, drafter) -> None:
                lambda f: _timed(timers, "draft_combine", f))
     _wrap_attr(timers, drafter, "build_per_group_and_layer_attn_metadata",
                lambda f: _timed(timers, "draft_metadata", f))
+    _wrap_attr(timers, drafter, "_sample_draft_tokens",
+               lambda f: _timed(timers, "draft_sample", f))
 
 
 class _null:
