@@ -49,6 +49,38 @@ def test_a_suffix_engine_gets_the_cache_reset_too():
     assert hasattr(vllm_engine.SuffixCacheReset, "draftkit_reset_suffix_cache")
 
 
+def test_bench_step_report_of_hand_made_rows(tmp_path):
+    """scripts/bench_step.py's tables and plot from summaries of hand-made steps."""
+    from _runs import script
+
+    bench_step = script("bench_step")
+    parts = {"target_forward": 0.010, "propose": 0.008, "draft_forward": 0.006}
+    eagle = step_timers.summarize([_step(0.025, parts, [(8, 0.004), (2, 0.001), (2, 0.001)])])
+    none = step_timers.summarize([_step(0.012, {"target_forward": 0.011})])
+    row = {"k": 3, "compiled": False, "tokens_per_step": 1.5, "step_share": 0.9}
+    bench = {"target": "tiny", "run": "r", "k": 3, "dtype": "float32", "max_new_tokens": 8,
+             "smoke": True, "argv": ["scripts/bench_step.py", "--smoke"],
+             "prompts": {"batch_1": 2, "batch_gt_1": 8}, "hardware": {"cpu_model": "x"},
+             "engines": [{"method": "suffix", "compiled": False, "start_s": 1.0,
+                          "error": "no arctic"}],
+             "profiles": [{"method": "eagle3", "batch_size": 8, "mode": "torch", "proposes": 2,
+                           "regions": [{"name": "draftkit.draft_forward[0]", "total_ms": 1.0}],
+                           "top": [{"name": "aten::argmax", "shapes": "[[8, 49152]]",
+                                    "self_ms": 1.5, "total_ms": 1.5, "calls": 3.0}]}],
+             "rows": [{**row, "method": "none", "batch_size": 8, "tokens_per_s": 100.0,
+                       "speedup": 1.0, "timers": none},
+                      {**row, "method": "eagle3", "batch_size": 8, "tokens_per_s": 90.0,
+                       "speedup": 0.9, "acceptance_length": 1.5, "timers": eagle},
+                      {"method": "suffix", "batch_size": 8, "compiled": False,
+                       "unavailable": "no arctic"}]}
+    md = bench_step.markdown(bench)
+    assert "| eagle3 | 8 | +13.0 | -1.0 |" in md  # 25 - 12 ms per step; target 10 - 11 ms
+    assert "| suffix | 8 | not measured: no arctic |" in md and "SMOKE" in md
+    assert "| `aten::argmax` | [[8, 49152]] | 1.500 |" in md
+    bench_step.plot(bench, tmp_path / "b.png")
+    assert (tmp_path / "b.png").stat().st_size > 0
+
+
 @pytest.fixture(scope="module")
 def timed(tmp_path_factory, trained_draft):
     """One timed EAGLE-3 engine: outputs without timers, with them (+ records and generate's
@@ -117,6 +149,7 @@ def test_the_drafter_runs_k_forwards_per_step(timed):
         assert tokens == [s["num_tokens"]] + [s["num_reqs"]] * (K - 1)
         assert [c[0] for c in s["draft_logits"]] == [s["num_reqs"]] * K
         assert all(f[1] > 0 for f in s["draft_forwards"])
+        assert s["parts"]["draft_sample"] >= s["parts"]["draft_logits"]  # lm_head + argmax
     for s in decode:
         assert s["num_tokens"] == s["num_reqs"] + s["num_draft_tokens"]
     summary = step_timers.summarize(timed["records"])
