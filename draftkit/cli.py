@@ -179,7 +179,7 @@ def run(argv: list[str] | None = None) -> int:
             print(f"{info.name:24s} {info.hub_id or '(in-process)':40s} layers={info.num_hidden_layers}"
                   f" hidden={info.hidden_size} vocab={info.vocab_size}")
     elif args.verb == "env":
-        from draftkit.core.env import render, report
+        from draftkit.serving.env import render, report
 
         if args.run and "=" in args.run and not Path(args.run).exists():  # `env key=value`
             args.run, args.overrides = None, [args.run, *args.overrides]

@@ -5,6 +5,8 @@
 
 Prints the device, CPU model and the flags that decide dtypes, torch and vLLM versions and
 vLLM's platform, the state of draftkit's vLLM plugin, and each compute dtype's resolution.
+It lives in serving/ because it probes the serving side (vLLM's platform, the plugin); the
+hardware facts come from core/hardware.py.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftkit.core import artifacts, config, hardware
+from draftkit.serving import vllm_plugin
 
 
 def _vllm() -> dict:
@@ -30,8 +33,6 @@ def _vllm() -> dict:
 
 def report(run: str | Path | None = None, overrides: list[str] | None = None) -> dict:
     """Everything `draftkit env` prints, as a dict."""
-    from draftkit.serving import vllm_plugin
-
     cfg = config.load(run, overrides) if run else config.from_dict({})
     if overrides and not run:
         config.merge(cfg, config.parse_overrides(overrides))
