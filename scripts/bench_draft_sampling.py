@@ -96,7 +96,7 @@ def markdown(bench: dict) -> str:
              f"CPU: {cpu}.", "",
              "Cells: AL / tokens per target step / speedup vs no speculation. AL is vLLM's "
              "(steps that carried a draft); tok/step counts every target step "
-             "(draftkit/eval/counters.py).", ""]
+             "(draftkit/serving/counters.py).", ""]
     for temp in sorted({r["temperature"] for r in bench["rows"]}):
         lines += [f"T={temp:g}:", "", "| method | " + " | ".join(names) + " |",
                   "|---" * (len(names) + 1) + "|"]

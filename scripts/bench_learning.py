@@ -284,7 +284,7 @@ def markdown(bench: dict) -> str:
              "hand-written = problems written by hand, no template. Simulated AL is on each "
              "setting's own eval harvest (assistant tokens).", "",
              "AL is vLLM's (steps that carried a draft); tok/step counts every target step, "
-             "n-gram's steps without a match included (draftkit/eval/counters.py).", "",
+             "n-gram's steps without a match included (draftkit/serving/counters.py).", "",
              "| setting | data / harvest | conversations | prepare + harvest s | steps | train CPU-s | "
              "CPU-s/step | best sim AL (step) |", "|---|---|---|---|---|---|---|---|"]
     for name, s in bench["settings"].items():

@@ -332,7 +332,7 @@ def markdown(bench: dict) -> str:
                 if bench["smoke"] else ""), "",
              f"Command: `python {' '.join(bench['argv'])}`", "",
              "## Speed", "", *speed_table(rows), "",
-             "tok/step counts every target step (draftkit/eval/counters.py); vLLM's AL only "
+             "tok/step counts every target step (draftkit/serving/counters.py); vLLM's AL only "
              "the steps that carried a draft.", "",
              "## ms per decode step, by part", "",
              "Means over decode steps (no prompt tokens scheduled); parts add up to the step. "

@@ -129,7 +129,7 @@ def test_projection_formula_and_costs(tiny_target, run):
 
 
 def test_tokens_per_step_counts_the_steps_that_drafted_nothing():
-    from draftkit.eval.counters import SpecCounters, target_steps, tokens_per_step
+    from draftkit.serving.counters import SpecCounters, target_steps, tokens_per_step
 
     # one request, six target steps: prefill (1 token), a draft with 2 accepted (3 tokens),
     # no match (1), 2 accepted (3), no match (1), 0 accepted (1): 10 tokens

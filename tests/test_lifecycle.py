@@ -221,8 +221,8 @@ def _reference_al(run, target, k: int, max_new_tokens: int) -> float:
     import datasets
 
     from draftkit.drafts.eagle3.model import Eagle3Draft
-    from draftkit.eval.counters import SpecCounters
     from draftkit.eval.spec_decode import Eagle3Drafter, HFTarget, speculative_decode
+    from draftkit.serving.counters import SpecCounters
 
     draft = Eagle3Draft.from_pretrained(artifacts.RunPaths(run).train / "best",
                                         target_model=target.model).eval()

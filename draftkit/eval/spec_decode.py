@@ -32,7 +32,7 @@ from typing import Protocol
 import torch
 
 from draftkit.core.errors import DraftkitError
-from draftkit.eval.counters import SpecCounters
+from draftkit.serving.counters import SpecCounters
 
 # ----------------------------------------------------------------------------- the rule
 

@@ -44,9 +44,9 @@ from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.eval import report, splits
-from draftkit.eval.counters import SpecCounters
 from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
+from draftkit.serving.counters import SpecCounters
 from draftkit.serving.vllm_engine import EngineStartError
 
 ENGINES = ("reference", "vllm", "both")

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from draftkit.core.batching import to_device
-from draftkit.eval.counters import SpecCounters
 from draftkit.rl.rollouts import Rollout
+from draftkit.serving.counters import SpecCounters
 
 _CHUNK = 512  # policy logits are computed for this many positions at a time ([n, V] floats)
 

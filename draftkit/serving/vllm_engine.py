@@ -19,7 +19,7 @@ from pathlib import Path
 from draftkit.core import hardware
 from draftkit.core.config import ConfigError
 from draftkit.core.errors import DraftkitError
-from draftkit.eval.counters import SpecCounters, target_steps, tokens_per_step
+from draftkit.serving.counters import SpecCounters, target_steps, tokens_per_step
 
 
 class EngineStartError(DraftkitError):
