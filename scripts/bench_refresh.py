@@ -29,7 +29,7 @@ import _bench  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
-    from draftkit.core import artifacts
+    from draftkit.core import provenance
     from draftkit.rl import bench
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = bench.load_config(args.overrides)
     out = Path(args.out)
     result = bench.run(cfg, out)
-    result["meta"] = artifacts.make_meta("bench_refresh", None)
+    result["meta"] = provenance.make_meta("bench_refresh", None)
     md = bench.markdown(result)
     _bench.write_report(out, "bench_refresh", result, md, lambda path: bench.plot(result, path))
     print(md)

@@ -82,7 +82,7 @@ def measure(args, work: Path) -> dict:
     """Every measurement of one run, in the order that keeps one target in memory at a time."""
     import torch
 
-    from draftkit.core import artifacts, config, hardware
+    from draftkit.core import config, hardware, provenance
     from draftkit.target.load import load_target
 
     device = torch.device(args.device)
@@ -90,8 +90,8 @@ def measure(args, work: Path) -> dict:
     peak = Peak(device)
     torch.ones(8, device=device).sum().item()  # CUDA context outside every timing
     res = {"target": cfg.target.name, "device": args.device, "hardware": hardware.summary(),
-           "git_sha": os.environ.get("DRAFTKIT_COMMIT") or artifacts.git_sha(),
-           "versions": artifacts.versions(), "torch_threads": torch.get_num_threads(),
+           "git_sha": os.environ.get("DRAFTKIT_COMMIT") or provenance.git_sha(),
+           "versions": provenance.versions(), "torch_threads": torch.get_num_threads(),
            "dtypes": {"target": hardware.resolve(cfg.target.dtype, device),
                       "harvest_storage": cfg.harvest.dtype,
                       "train_autocast": hardware.resolve(cfg.train.dtype, device)},

@@ -94,11 +94,11 @@ def environment(device: str) -> dict:
     import torch
     import transformers
 
-    from draftkit.core import artifacts, hardware
+    from draftkit.core import artifacts, hardware, provenance
 
     env = {"torch": torch.__version__, "transformers": transformers.__version__,
            "python": sys.version.split()[0], "hardware": hardware.summary(),
-           "git_sha": os.environ.get("DRAFTKIT_COMMIT") or artifacts.git_sha(),
+           "git_sha": os.environ.get("DRAFTKIT_COMMIT") or provenance.git_sha(),
            "draftkit": str(Path(artifacts.__file__).parents[1]),
            "draftkit_wheel": os.environ.get("DRAFTKIT_WHEEL", "not installed from a wheel")}
     if device.startswith("cuda") and torch.cuda.is_available():

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from draftkit.core import artifacts, hardware
+from draftkit.core import artifacts, hardware, provenance
 from draftkit.core.config import ConfigError, TrainConfig
 from draftkit.core.init import resolve
 
@@ -116,7 +116,7 @@ def test_cpuinfo_parsing_and_meta_records_the_machine(machine, tmp_path):
     assert hw.cpu_model == "Mock EPYC"
     assert hw.cpu_flags == ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni")
     cfg = resolve("tiny-llama", "math", overrides=["eval.dtype=float32"])
-    meta = artifacts.write_meta(tmp_path, "test", cfg.to_dict())
+    meta = provenance.write_meta(tmp_path, "test", cfg.to_dict())
     saved = artifacts.read_json(tmp_path / "meta.json")
     assert saved["hardware"] == meta["hardware"]
     assert saved["hardware"]["cpu_model"] == "Mock EPYC"

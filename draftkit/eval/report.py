@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts
+from draftkit.core import artifacts, provenance
 
 PLOTS = ("per_position", "al_vs_k", "speedup_vs_k")
 
@@ -27,7 +27,7 @@ def write(rep: dict, cfg, paths) -> dict:
     if out_dir.resolve() != paths.eval.resolve():  # eval.results_dir: the run keeps a copy
         artifacts.write_json_atomic(paths.eval / Path(files["json"]).name, rep)
         artifacts.write_text_atomic(paths.eval / Path(files["md"]).name, md)
-    artifacts.write_meta(paths.eval, "eval", cfg.to_dict(), rep.get("timings"), files=files)
+    provenance.write_meta(paths.eval, "eval", cfg.to_dict(), rep.get("timings"), files=files)
     return files
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, batching, config, hardware
+from draftkit.core import batching, config, hardware, provenance
 from draftkit.core.config import Run, RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
@@ -266,7 +266,7 @@ def _finish(run: Run, jobs: list[SplitJob], stats: list[dict], seconds: float) -
                "load_s": max([s["load_s"] for s in stats] + [0.0]),
                "computed_tokens": computed, "computed_shards": sum(s["shards"] for s in stats),
                "tokens_per_s": computed / compute_s if compute_s else None}
-    artifacts.write_meta(run.paths.harvest, "harvest", run.cfg.to_dict(), timings,
+    provenance.write_meta(run.paths.harvest, "harvest", run.cfg.to_dict(), timings,
                          processes=len(stats), per_rank=stats,
                          splits={j.split: {"shards": len(j.shards), "sequences": len(j.ds),
                                            "data_fingerprint": j.fingerprint} for j in jobs})

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask, recipes, regen, selfinstruct, sources, substitute
 from draftkit.prepare.dataset import COUNTS_FILE, SPLITS
@@ -209,7 +209,7 @@ def prepare(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     timings["total_s"] = time.perf_counter() - t0
     stats["timings"] = timings
     artifacts.write_json_atomic(out / "stats.json", stats)
-    artifacts.write_meta(out, "prepare", cfg.to_dict(), timings, recipe=str(recipe.path),
+    provenance.write_meta(out, "prepare", cfg.to_dict(), timings, recipe=str(recipe.path),
                          data_fingerprint=fingerprint(cols),
                          samples={s: len(cols[s]["id"]) for s in SPLITS})
     return out

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, provenance
 from draftkit.core.config import TrackingConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.rl import grpo, reward
@@ -244,7 +244,7 @@ def run(cfg: LoopConfig, out_dir: str | Path) -> list[dict]:
         speculative_config=speculative_config(cfg), extra=policy_sync.engine_kwargs())
     tracker = Tracker(cfg.tracking, out_dir.name, out_dir / "wandb", asdict(cfg), True)
     records, t_start = [], time.perf_counter()
-    artifacts.write_meta(out_dir, "rl-loop", asdict(cfg), {}, speculative=spec.speculative_config)
+    provenance.write_meta(out_dir, "rl-loop", asdict(cfg), {}, speculative=spec.speculative_config)
     with vllm_engine.engine(spec) as llm:
         bar = tqdm(range(cfg.steps), desc="rl steps", unit="step")
         for step in bar:
@@ -274,7 +274,7 @@ def run(cfg: LoopConfig, out_dir: str | Path) -> list[dict]:
         with artifacts.atomic_dir(out_dir / "policy", overwrite=True) as tmp:
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
-    artifacts.write_meta(out_dir, "rl-loop", asdict(cfg),
+    provenance.write_meta(out_dir, "rl-loop", asdict(cfg),
                          {"total_s": time.perf_counter() - t_start}, steps=len(records),
                          speculative=spec.speculative_config)
     return records

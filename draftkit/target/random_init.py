@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, registry
+from draftkit.core import artifacts, provenance, registry
 from draftkit.core.registry import TargetInfo
 
 META_KEY = "random_init"  # meta.json of the directory: {"std", "weights"}
@@ -53,7 +53,7 @@ def build_dir(info: TargetInfo) -> Path:
         cfg.save_pretrained(tmp)
         GenerationConfig.from_model_config(cfg).save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        artifacts.write_meta(tmp, "target-build", None, target=info.name,
+        provenance.write_meta(tmp, "target-build", None, target=info.name,
                              **{META_KEY: {"std": cfg.initializer_range,
                                          "weights": "drawn on the device at load"}})
     return final

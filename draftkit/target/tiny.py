@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, registry
+from draftkit.core import artifacts, provenance, registry
 from draftkit.core.registry import TargetInfo
 
 CHATML_TEMPLATE = (
@@ -89,7 +89,7 @@ def build_tiny(info: TargetInfo) -> Path:
     with artifacts.atomic_dir(final, overwrite=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        artifacts.write_meta(tmp, "target-build", None, target=info.name, seed=0)
+        provenance.write_meta(tmp, "target-build", None, target=info.name, seed=0)
     return final
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftkit.core import artifacts, hardware
+from draftkit.core import artifacts, hardware, provenance
 from draftkit.core.batching import to_device
 from draftkit.core.config import TrackingConfig, TrainConfig
 from draftkit.core.errors import DraftkitError
@@ -263,7 +263,7 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
     tracker.finish()
     if acc.is_main_process:
         artifacts.write_json_atomic(out_dir / "history.json", history)
-        artifacts.write_meta(out_dir, "train", config_dict,
+        provenance.write_meta(out_dir, "train", config_dict,
                              {"train_s_this_call": time.perf_counter() - t0},
                              steps=state.step, best_step=state.best_step, cpu_s=state.cpu_s,
                              best_metric={select_metric: state.best_metric})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, registry
+from draftkit.core import artifacts, provenance, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
 from draftkit.export.stage import serving_snippets, speculative_config
@@ -62,7 +62,7 @@ def export_run(run) -> Path:
     out = run.export_dir.resolve()
     with artifacts.atomic_dir(out, overwrite=True) as tmp:
         write_files(tmp, out, lm, tok, cfg)
-        artifacts.write_meta(tmp, "export", cfg.to_dict(), {"export_s": time.perf_counter() - t0},
+        provenance.write_meta(tmp, "export", cfg.to_dict(), {"export_s": time.perf_counter() - t0},
                              source=str(best), kind="draft-lm", params=num_params(lm),
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))

@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, registry
+from draftkit.core import artifacts, provenance, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
 from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
@@ -39,7 +39,7 @@ def export_run(run) -> Path:
     out = run.export_dir.resolve()
     with artifacts.atomic_dir(out, overwrite=True) as tmp:
         write_files(tmp, out, spec, tensors, cfg)
-        artifacts.write_meta(tmp, "export", cfg.to_dict(),
+        provenance.write_meta(tmp, "export", cfg.to_dict(),
                              {"export_s": time.perf_counter() - t0}, source=str(best),
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
