@@ -203,6 +203,10 @@ def test_probes_exist_without_a_tokenizer_and_never_silently_empty(tmp_path, tin
     store = DraftStore(run)
     with pytest.raises(DraftkitError, match="no probe prompts"):  # no lineage, no eval split
         DraftRefresher(run).probes()
+    engine = _Engine()  # no collective_rpc: a swap that tried to load would fail otherwise
+    with pytest.raises(DraftSwapError, match="no probe prompts.*nothing was loaded"):
+        DraftRefresher(run).swap_into(engine)  # an RL loop catching DraftSwapError goes on
+    assert engine.calls == []
     f = write_rollouts(tiny_target, tmp_path / "r.jsonl", 3, gen=2)
     f.write_text(f.read_text() * 4)  # GRPO: 4 samples per prompt
     export = artifacts.RunPaths(run).export

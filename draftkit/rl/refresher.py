@@ -169,7 +169,11 @@ class DraftRefresher:
             raise drafter_swap.DraftSwapError(
                 f"{version} is marked failed ({failed.get('reason', '')[:200]}); nothing was "
                 "loaded. Refresh again, or point `current` at a good version")
-        probes = self.probes(version) if probes is None else probes
+        if probes is None:
+            try:
+                probes = self.probes(version)
+            except DraftkitError as e:  # an RL loop that catches DraftSwapError goes on
+                raise drafter_swap.DraftSwapError(f"{e}; nothing was loaded") from e
         dirs = [self.store.root / v for v in reversed(self.store.versions())]
         export = artifacts.RunPaths(self.run).export
         try:
