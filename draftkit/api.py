@@ -12,10 +12,10 @@ here shadows a module.
 from __future__ import annotations
 
 from draftkit.core.config import load as load_config
-from draftkit.core.init import init_run as init
 from draftkit.eval.stage import evaluate
 from draftkit.export.stage import export
 from draftkit.harvest.stage import harvest
+from draftkit.init.stage import init_run as init
 from draftkit.prepare.stage import prepare
 from draftkit.rl.drift import drift
 from draftkit.rl.refresh import refresh

@@ -163,7 +163,7 @@ def run(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     if args.verb == "init":
         from draftkit.core import config
-        from draftkit.core.init import init_run, next_steps
+        from draftkit.init.stage import init_run, next_steps
 
         run_dir = init_run(args.target, args.data, args.draft, args.k, args.name, args.dir,
                            args.force, args.overrides)

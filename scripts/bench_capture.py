@@ -35,10 +35,10 @@ def make_run(root: Path, name: str, target) -> Path:
     import torch
 
     from draftkit.core import artifacts, config
-    from draftkit.core.init import init_run
     from draftkit.drafts.eagle3.model import Eagle3Draft
     from draftkit.drafts.eagle3.vocab import DraftVocab
     from draftkit.export.stage import export
+    from draftkit.init.stage import init_run
 
     run = init_run(TARGET, "math", name=name, runs_dir=root, overrides=RUN)
     cfg = config.load(run)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from draftkit.core import artifacts, config, hardware
-from draftkit.core.init import init_run
+from draftkit.init.stage import init_run
 from draftkit.prepare import mathgen
 from draftkit.serving import vllm_engine
 from draftkit.target.load import load_target, target_dir

@@ -125,7 +125,7 @@ def setup_run(args, work: Path):
     from transformers import AutoTokenizer
 
     from draftkit.core import config, registry
-    from draftkit.core.init import init_run
+    from draftkit.init.stage import init_run
     from draftkit.target.load import target_dir
 
     info = registry.resolve(args.target)

@@ -101,10 +101,10 @@ def random_head(root: Path) -> tuple[Path, Path]:
     import torch
 
     from draftkit.core import artifacts, config
-    from draftkit.core.init import init_run
     from draftkit.drafts.eagle3.model import Eagle3Draft
     from draftkit.drafts.eagle3.vocab import DraftVocab
     from draftkit.export import stage as export
+    from draftkit.init.stage import init_run
     from draftkit.prepare.stage import load_tokenizer
     from draftkit.target.load import run_target_dir
     from draftkit.target.tokens import end_of_turn_ids

@@ -205,7 +205,7 @@ def batch_shapes(run: Path) -> dict:
 
 def one_size(root: Path, tokens: int, seed: int) -> dict:
     from draftkit.core import artifacts
-    from draftkit.core.init import init_run
+    from draftkit.init.stage import init_run
 
     run = init_run(TARGET, "math", name=f"stream-{tokens}", runs_dir=root, overrides=OVERRIDES)
     write_harvest(run, tokens, seed)

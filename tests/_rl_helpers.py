@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from draftkit.core import artifacts, config
-from draftkit.core.init import init_run
+from draftkit.init.stage import init_run
 
 AUX = [1, 3, 5]
 OVERRIDES = ["draft.draft_vocab_size=256", f"draft.aux_layer_ids={AUX}", "train.ttt_steps=3",

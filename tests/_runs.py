@@ -28,7 +28,7 @@ import torch
 
 from draftkit.core import artifacts, config
 from draftkit.core.artifacts import RunPaths
-from draftkit.core.init import init_run
+from draftkit.init.stage import init_run
 
 AUX = [1, 3, 5]  # tiny-llama aux layer ids the eval/export tests use (its default differs)
 DRAFT = [f"draft.aux_layer_ids={AUX}", "draft.draft_vocab_size=256"]

@@ -9,7 +9,7 @@ import pytest
 from _runs import script
 
 from draftkit.core import config, hardware
-from draftkit.core.init import resolve
+from draftkit.init.stage import resolve
 
 
 @pytest.fixture(scope="module")

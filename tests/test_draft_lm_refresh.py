@@ -12,10 +12,10 @@ import torch
 from _runs import one_thread, save_best
 
 from draftkit.core import artifacts, config
-from draftkit.core.init import init_run
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.draft_lm import build
 from draftkit.drafts.draft_lm.model import DraftLM
+from draftkit.init.stage import init_run
 
 K = 3
 

@@ -173,7 +173,7 @@ def test_rope_matches_transformers_llama3():
 
 @pytest.fixture(scope="module")
 def tiny_cfg():
-    from draftkit.core.init import resolve
+    from draftkit.init.stage import resolve
 
     return resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256",
                                                     "draft.aux_layer_ids=[1,3,5]"])
@@ -230,7 +230,7 @@ def test_save_then_load_gives_identical_logits(tmp_path, tiny_cfg, tiny_vocab):
 def test_full_vocab_checkpoint_has_no_d2t(tmp_path, tiny_target):
     from safetensors import safe_open
 
-    from draftkit.core.init import resolve
+    from draftkit.init.stage import resolve
 
     cfg = resolve("tiny-llama", "math", overrides=["draft.aux_layer_ids=[1,3,5]"])
     model = Eagle3Draft.from_run_config(cfg, DraftVocab.full(512), target_model=tiny_target.model)
@@ -243,7 +243,7 @@ def test_full_vocab_checkpoint_has_no_d2t(tmp_path, tiny_target):
 
 
 def test_duplicate_or_unsorted_aux_ids_are_refused(tiny_vocab):
-    from draftkit.core.init import resolve
+    from draftkit.init.stage import resolve
 
     for ids in ([2, 3, 3], [5, 1, 3]):  # init refuses these too; a hand-edited config may not
         cfg = resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256"])
@@ -253,8 +253,8 @@ def test_duplicate_or_unsorted_aux_ids_are_refused(tiny_vocab):
 
 
 def test_two_layer_head_round_trips_and_is_checked(tmp_path, tiny_vocab, tiny_target):
-    from draftkit.core.init import resolve
     from draftkit.drafts.eagle3 import format as fmt
+    from draftkit.init.stage import resolve
 
     cfg = resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256",
                                                    "draft.aux_layer_ids=[1,3,5]",

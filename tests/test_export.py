@@ -80,7 +80,7 @@ def test_export_out_and_k_overrides_through_the_cli(best, tmp_path):
 
 
 def test_the_verifier_is_named_by_its_hub_id_or_name():
-    from draftkit.core.init import resolve
+    from draftkit.init.stage import resolve
 
     spec = make_spec()
     cases = {"smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m"),

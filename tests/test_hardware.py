@@ -12,7 +12,7 @@ import torch
 
 from draftkit.core import artifacts, hardware, provenance
 from draftkit.core.config import ConfigError, TrainConfig
-from draftkit.core.init import resolve
+from draftkit.init.stage import resolve
 
 AVX2 = "fpu sse sse2 ssse3 sse4_1 sse4_2 fma f16c avx avx2"
 AVX512_BF16 = AVX2 + " avx512f avx512bw avx512_vnni avx512_bf16"

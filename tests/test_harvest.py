@@ -18,9 +18,9 @@ from _runs import conversations, make_run, one_thread, write_split
 
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
-from draftkit.core.init import init_run
 from draftkit.harvest import shards
 from draftkit.harvest import stage as hv
+from draftkit.init.stage import init_run
 from draftkit.target.capture import OnlineCapture, logits_from_last
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import yaml
 from draftkit import cli
 from draftkit.core import artifacts, config, registry
 from draftkit.core.errors import DraftkitError
-from draftkit.core.init import draft_vocab_rule, init_run, resolve
+from draftkit.init.stage import draft_vocab_rule, init_run, resolve
 
 
 def _cli(capsys, *argv):

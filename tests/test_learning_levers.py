@@ -29,7 +29,7 @@ from toy_fit import Toy, make_eval, toy_batches  # noqa: E402
 
 
 def _tiny_cfg(*overrides: str):
-    from draftkit.core.init import resolve
+    from draftkit.init.stage import resolve
 
     return resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256",
                                                     "draft.aux_layer_ids=[1,3,5]", *overrides])

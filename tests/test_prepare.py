@@ -13,7 +13,7 @@ import pytest
 from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
-from draftkit.core.init import init_run
+from draftkit.init.stage import init_run
 from draftkit.prepare import chat_mask, dataset, recipes, regen, selfinstruct
 from draftkit.prepare import stage as prepare
 from draftkit.prepare.sources import Dropped

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftkit.core.artifacts import RunPaths
-from draftkit.core.init import init_run
+from draftkit.init.stage import init_run
 from draftkit.prepare import dataset
 from draftkit.prepare import stage as prepare
 

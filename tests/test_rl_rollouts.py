@@ -61,7 +61,7 @@ def test_bad_rows_name_file_and_line(tmp_path, tiny_target, row, needle):
 
 
 def test_lineage_checks_shapes_and_tokenizer_not_names(tmp_path, tiny_target):
-    from draftkit.core.init import init_run
+    from draftkit.init.stage import init_run
 
     run = init_run("tiny-llama", "math", name="lin", runs_dir=tmp_path / "runs")
     cfg = config.load(run)
@@ -88,8 +88,8 @@ def test_lineage_checks_shapes_and_tokenizer_not_names(tmp_path, tiny_target):
 def test_warm_start_accepts_a_new_checkpoint_dir_of_the_same_lineage(tmp_path, tiny_target):
     from _rl_helpers import OVERRIDES, make_run
 
-    from draftkit.core.init import init_run
     from draftkit.drafts.eagle3.build import warm_start
+    from draftkit.init.stage import init_run
     from draftkit.rl.publish import DraftStore
 
     head = DraftStore(make_run(tmp_path / "runs", tiny_target)).current_dir()  # tiny-llama's

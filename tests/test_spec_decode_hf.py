@@ -22,7 +22,7 @@ from draftkit.eval.spec_decode import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 
-init = importlib.import_module("draftkit.core.init")
+init = importlib.import_module("draftkit.init.stage")
 
 AUX = [1, 3, 5]  # distinct ascending ids within tiny-llama's layers (vLLM collects each once)
 MAX_NEW = 24

@@ -170,7 +170,7 @@ def _check_source(src: SourceSpec, where: str, recipe: str) -> None:
 
 def load_recipe(name_or_path: str) -> Recipe:
     """Parse and validate `data_recipes/<name>.yaml` (or a path to a recipe YAML)."""
-    from draftkit.core.init import check_recipe
+    from draftkit.init.stage import check_recipe
 
     path = check_recipe(name_or_path).resolve()
     try:

@@ -84,7 +84,7 @@ def write_prompts(v0_run: str | Path, dst: Path) -> Path:
 def scratch_config(v0_run: str | Path, policy_vn: str | Path, run_dir: Path, recipe: Path,
                    overrides: list[str] | None = None) -> config.RunConfig:
     """v0's resolved config with vN as the target and v0's prompts and step count."""
-    from draftkit.core.init import fill_target
+    from draftkit.init.stage import fill_target
     from draftkit.target.lineage import same_lineage
 
     v0 = config.load(v0_run)

@@ -24,7 +24,7 @@ class Eagle3Kind:
         if not d.aux_layer_ids:
             d.aux_layer_ids = info.default_aux_layer_ids
         if d.draft_vocab_size > info.vocab_size:
-            from draftkit.core.init import draft_vocab_rule
+            from draftkit.init.stage import draft_vocab_rule
 
             raise DraftkitError(
                 f"draft vocab {d.draft_vocab_size} is larger than {info.name}'s vocab "

@@ -1,0 +1,157 @@
+"""`draftkit init`: resolve a target + data recipe + draft kind into one run config on disk.
+
+    draftkit init --target Qwen3-8B --data math            # offline: shapes come from the registry
+    draftkit init --target smollm2-135m --data math data.source=offline   # tiny CPU run
+
+Layers, lowest first: dataclass defaults, `configs/<kind>.yaml`, `configs/<kind>-<family>.yaml`
+or `configs/<kind>-<target>.yaml` when present, then everything derived from the target (aux
+ids, draft vocab, draft decoder shapes, optimizer scale) unless a template or override set it,
+then the command line's `key=value` overrides. The result has every field present.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+
+import yaml
+
+from draftkit.core import artifacts, config, registry
+from draftkit.core.config import RunConfig
+from draftkit.core.errors import DraftkitError
+from draftkit.core.registry import TargetInfo
+from draftkit.core.resources import configs_dir, recipes_dir
+from draftkit.drafts import kind as kinds
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in recipes_dir().glob("*.yaml"))
+
+
+def check_recipe(name: str) -> Path:
+    path = recipes_dir() / f"{name}.yaml"
+    if path.is_file():
+        return path
+    if Path(name).is_file():
+        return Path(name)
+    near = difflib.get_close_matches(name, recipe_names(), n=2)
+    hint = f" Did you mean {' or '.join(near)}?" if near else ""
+    raise DraftkitError(f"unknown data recipe {name!r}.{hint} Known recipes: "
+                        f"{', '.join(recipe_names())} (files in {recipes_dir()}), or a path to a "
+                        "recipe YAML.")
+
+
+def draft_vocab_rule(target_vocab: int) -> int:
+    """Draft vocab size from the target's: 32k above 100k tokens (EAGLE-3's choice for Llama-3
+    and Qwen3); the whole vocab up to 8192; otherwise a quarter, rounded up to 1024, at least
+    8192. SmolLM2's 49152 -> 12288, which covers ~all assistant tokens of a domain recipe."""
+    if target_vocab > 100_000:
+        return 32_000
+    if target_vocab <= 8192:
+        return target_vocab
+    return max(8192, math.ceil(target_vocab / 4 / 1024) * 1024)
+
+
+def template_layers(kind: str, info: TargetInfo) -> list[Path]:
+    names = [f"{kind}.yaml", f"{kind}-{info.family}.yaml", f"{kind}-{info.name}.yaml"]
+    return [configs_dir() / n for n in names if (configs_dir() / n).is_file()]
+
+
+def fill_target(cfg: RunConfig, info: TargetInfo) -> None:
+    t = cfg.target
+    for key in ("hub_id", "family", "architecture", "num_hidden_layers", "hidden_size",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                "vocab_size", "max_position_embeddings", "rope_theta", "rope_scaling",
+                "rms_norm_eps", "tie_word_embeddings", "source", "params_b"):
+        setattr(t, key, getattr(info, key))
+    t.name = info.name
+
+
+def _derive(cfg: RunConfig, info: TargetInfo, explicit: dict) -> None:
+    """Fill every target-dependent field the templates and overrides left unset."""
+    d, tr = cfg.draft, cfg.train
+    if not d.draft_vocab_size:
+        d.draft_vocab_size = draft_vocab_rule(info.vocab_size)
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim"):
+        if not getattr(d, key):
+            setattr(d, key, getattr(info, key))
+    if "lr" not in explicit.get("train", {}):
+        # EAGLE-3 heads: ~1e-4 at 8B (SpecForge/speculators), higher for small targets.
+        scale = min(5.0, max(0.5, (8.0 / max(info.params_b, 1e-3)) ** 0.25))
+        tr.lr = float(f"{1e-4 * scale:.1g}")
+    if "max_seq_len" not in explicit.get("data", {}):
+        cfg.data.max_seq_len = 2048 if info.params_b >= 1 else 1024
+    if info.params_b >= 1 and "batch_tokens" not in explicit.get("train", {}):
+        tr.batch_tokens = 16384
+
+
+def _resolve_kind(cfg: RunConfig, info: TargetInfo) -> None:
+    """The draft kind fills and checks its own fields (its harvest needs: aux layer ids)."""
+    from draftkit.target.capture import check_layer_ids
+
+    kinds.of(cfg).resolve(cfg, info)
+    check_layer_ids(cfg.draft.aux_layer_ids, info.num_hidden_layers)
+
+
+def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
+            name: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """The fully resolved run config for (target, recipe, kind); nothing is written."""
+    info = registry.resolve(target)
+    check_recipe(data)
+    kinds.get(kind)  # an unknown kind fails here, naming the known ones
+    cfg = RunConfig()
+    explicit: dict = {}
+    for layer in template_layers(kind, info):
+        data_layer = yaml.safe_load(layer.read_text()) or {}
+        config.merge(cfg, data_layer, prefix="")
+        config.deep_update(explicit, data_layer)
+    cli = {"draft": {"kind": kind}, "data": {"recipe": data}}
+    if k is not None:
+        cli["draft"]["num_speculative_tokens"] = k
+    cli = config.deep_update(cli, config.parse_overrides(overrides or []))
+    config.merge(cfg, cli)
+    config.deep_update(explicit, cli)
+    fill_target(cfg, info)
+    cfg.name = name or f"{info.name.split('/')[-1].lower()}-{data}-{kind}"
+    _derive(cfg, info, explicit)
+    _resolve_kind(cfg, info)
+    return cfg
+
+
+def init_run(target: str, data: str, kind: str = "eagle3", k: int | None = None,
+             name: str | None = None, runs_dir: str | Path = "runs", force: bool = False,
+             overrides: list[str] | None = None) -> Path:
+    """Write runs/<name>/draftkit.yaml and return the run dir."""
+    cfg = resolve(target, data, kind, k, name, overrides)
+    run_dir = Path(runs_dir) / cfg.name
+    paths = artifacts.RunPaths(run_dir)
+    if paths.config.exists() and not force:
+        raise DraftkitError(f"run dir {run_dir} already holds a run config; pass --force to "
+                            "overwrite it, or --name to start another run")
+    info = registry.resolve(cfg.target.name)
+    if info.source in (registry.SOURCE_GGUF, registry.SOURCE_RANDOM):
+        from draftkit.target.load import target_dir
+
+        target_dir(info)  # embedded targets: convert/build once into the cache now
+    run_dir.mkdir(parents=True, exist_ok=True)
+    artifacts.write_text_atomic(paths.config, config.dump(cfg))
+    return run_dir
+
+
+def next_steps(run_dir: Path, cfg: RunConfig) -> str:
+    info = registry.resolve(cfg.target.name)
+    lines = [f"wrote {run_dir / config.CONFIG_NAME}"]
+    if info.source == registry.SOURCE_HUB:
+        lines.append(f"needs downloading before prepare: {info.hub_id} (target weights)"
+                     + ("" if cfg.data.source == "offline" else
+                        f"; the '{cfg.data.recipe}' recipe's Hugging Face datasets"))
+    elif info.source == registry.SOURCE_GGUF:
+        lines.append(f"target {info.name}: embedded GGUF, converted once into "
+                     f"{artifacts.home() / 'targets' / info.name}")
+    if line := kinds.of(cfg).describe(cfg):
+        lines.append(line)
+    lines += ["next:"] + [f"  draftkit {verb} {run_dir}"
+                          for verb in ("prepare", "harvest", "train", "export", "eval")]
+    return "\n".join(lines)
