@@ -35,3 +35,18 @@ def test_interval_and_al_drop_triggers_then_refresh_in_memory(tmp_path, tiny_tar
     assert not r.should_refresh()
     assert len(r.probes()) == 8 and all(isinstance(t, int) for t in r.probes()[0])
     assert torch.is_tensor(tiny_target.model.lm_head.weight)  # the policy was not touched
+
+
+def test_an_undecided_refresh_keeps_its_rollouts_for_the_next_one(tmp_path, tiny_target,
+                                                                 one_thread):
+    run = make_run(tmp_path / "runs", tiny_target)
+    f = write_rollouts(tiny_target, tmp_path / "r.jsonl", 6)
+    rows = [json.loads(x) for x in f.read_text().splitlines()]
+    r = DraftRefresher(run, ["refresh.budget_steps=2", "refresh.min_heldout_starts=100000"],
+                       every=1)
+    r.observe(rows, policy_step=1)
+    assert r.should_refresh()
+    res = r.refresh(tiny_target.model, tiny_target.tokenizer)
+    assert res["status"] == "undecided" and r.store.current() is None
+    assert len(r.pending) == 1 and r.last_refresh_step is None  # nothing lost, still due
+    assert r.should_refresh()

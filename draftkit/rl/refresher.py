@@ -105,7 +105,8 @@ class DraftRefresher:
         policy = from_model(policy_model, tokenizer, step=self.policy_step)
         result = refresh_mod.refresh(self.run, policy, self.pending, self.overrides,
                                      should_stop=should_stop)
-        self.pending, self.last_refresh_step = [], self.policy_step
+        if result["status"] != "undecided":  # too few held-out rows: keep them, decide later
+            self.pending, self.last_refresh_step = [], self.policy_step
         if result["status"] == "published":
             self.al_ref, self._fresh = _lineage_al(result["lineage"]), True
         return result
