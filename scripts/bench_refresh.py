@@ -1,4 +1,4 @@
-"""The refresh benchmark (draftkit/rl/bench.py): draft v0 on policy v0, the stale draft on
+"""The refresh benchmark (benchmarks/bench.py): draft v0 on policy v0, the stale draft on
 policy vN, the refreshed draft (hot-swapped), a from-scratch draft, n-gram, suffix decoding and
 no speculation, at T=1 and T=0, on held-out math prompts in vLLM. Writes results/bench_refresh.{json,md,png}.
 
@@ -25,12 +25,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
 import _bench  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
+    from benchmarks import bench
     from draftkit.core import provenance
-    from draftkit.rl import bench
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="*", help="BenchConfig key=value")

@@ -1,6 +1,6 @@
 """Controlled drift for the refresh benchmark: fine-tune policy v0 so its answers follow a fixed
 layout (Given / Step i / Answer), save it as policy vN and sample vN's rollouts in vLLM at T=1
-(draftkit/rl/style_shift.py). The output is what bench_refresh.py takes as policy vN.
+(benchmarks/style_shift.py). The output is what bench_refresh.py takes as policy vN.
 
     python scripts/drift_policy.py --out runs/drift/style                 # SmolLM2, 60 steps
     python scripts/bench_refresh.py draft_run=runs/smol policy_vn=runs/drift/style/policy \
@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from draftkit.rl import style_shift
+    from benchmarks import style_shift
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="*", help="StyleShiftConfig key=value (e.g. steps=100)")

@@ -1,5 +1,5 @@
 """A small GRPO run on the embedded SmolLM2-135M policy with speculative rollouts in vLLM,
-the draft refreshed and hot-swapped by `DraftRefresher` (draftkit/rl/grpo_loop.py).
+the draft refreshed and hot-swapped by `DraftRefresher` (benchmarks/grpo_loop.py).
 
     # EAGLE-3 draft from a run dir, refreshed every 5 steps (~20 min for 20 steps on 2 cores)
     python scripts/rl_loop.py --out runs/rl-loop/refresh draft_run=runs/smol refresh_every=5
@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
 
 
 def main(argv: list[str] | None = None) -> None:
-    from draftkit.rl import grpo_loop
+    from benchmarks import grpo_loop
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="*", help="LoopConfig key=value (e.g. steps=20)")

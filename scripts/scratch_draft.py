@@ -1,5 +1,5 @@
 """A draft trained from scratch on policy vN with draft v0's data budget: v0's prompts answered
-by vN, v0's settings and step count, the normal pipeline (draftkit/rl/scratch.py). The run it
+by vN, v0's settings and step count, the normal pipeline (benchmarks/scratch.py). The run it
 writes is what bench_refresh.py takes as `scratch_run=`.
 
     python scripts/scratch_draft.py runs/smol runs/drift/style/policy runs/smol-vn
@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from draftkit.rl import scratch
+    from benchmarks import scratch
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("v0_run", help="draft run v0 (prepared, trained, exported on policy v0)")

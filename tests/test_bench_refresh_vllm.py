@@ -14,8 +14,8 @@ import pytest
 import torch
 from _rl_helpers import make_run, write_rollouts
 
+from benchmarks import bench
 from draftkit.core.errors import DraftkitError
-from draftkit.rl import bench
 
 
 def test_config_needs_policy_and_rollouts():

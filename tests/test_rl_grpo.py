@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from draftkit.rl import grpo, reward
+from benchmarks import grpo, reward
 
 
 def test_group_advantages_hand_computed():

@@ -12,8 +12,8 @@ import pytest
 import torch
 from _rl_helpers import make_run
 
+from benchmarks import grpo_loop
 from draftkit.core.errors import DraftkitError
-from draftkit.rl import grpo_loop
 
 FIELDS = {"step", "reward", "correct", "formatted", "al", "per_position", "rollout_tokens",
           "rollout_s", "tokens_per_s", "kl_ref", "loss", "update_s", "sync_s", "refresh"}

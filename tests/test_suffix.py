@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 from _runs import script
 
+from benchmarks import bench, grpo_loop
 from draftkit.core.errors import DraftkitError
 from draftkit.eval import report, stage
-from draftkit.rl import bench, grpo_loop
 from draftkit.serving import vllm_engine
 from draftkit.serving.vllm_engine import EngineStartError
 

@@ -3,8 +3,8 @@ drives, and what it logs.
 
 Each step: vLLM samples G responses per prompt at T=1 (offline math problems with known
 answers, `draftkit.prepare.mathgen`) with the current draft as speculative decoder; rewards
-(draftkit/rl/reward.py) -> group advantages -> one clipped policy-gradient update in torch
-(draftkit/rl/grpo.py); the updated weights go into the running engine in place
+(benchmarks/reward.py) -> group advantages -> one clipped policy-gradient update in torch
+(benchmarks/grpo.py); the updated weights go into the running engine in place
 (draftkit/serving/policy_sync.py); `DraftRefresher` sees the step's rollouts and, when its
 trigger fires, refreshes the draft with the updated policy and swaps it in (hash + probe-AL
 checked). One JSON line per step in `<out>/log.jsonl` (and wandb, offline without a key):
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import grpo, reward
 from draftkit.core import artifacts, config, provenance
 from draftkit.core.config import TrackingConfig
 from draftkit.core.errors import DraftkitError
-from draftkit.rl import grpo, reward
 
 DRAFTS = ("eagle3", "ngram", "suffix", "none")
 

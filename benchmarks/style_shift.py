@@ -115,7 +115,7 @@ def follows_layout(text: str) -> bool:
 def sft_rows(tok, problems) -> list[dict]:
     """{"prompt_ids", "response_ids", "question", "response"} per problem: the RL loop's prompt
     and the styled answer closed by the chat template's end of turn."""
-    from draftkit.rl.grpo_loop import prompt_ids
+    from benchmarks.grpo_loop import prompt_ids
 
     rows = []
     for p in problems:
@@ -135,7 +135,7 @@ def sft_rows(tok, problems) -> list[dict]:
 
 
 def _user_text(question: str) -> str:
-    from draftkit.rl import reward
+    from benchmarks import reward
 
     return f"{question}\n{reward.INSTRUCTION}"
 
@@ -232,7 +232,7 @@ def token_kl(model, ref, prompts: list[list[int]], responses: list[list[int]]) -
 def measure_drift(model, ref, tok, cfg: StyleShiftConfig) -> dict:
     """On held-out prompts (mathgen eval, as bench_refresh measures): the share of greedy
     answers in the new layout for v0 and vN, and KL(vN || v0) on vN's greedy answers."""
-    from draftkit.rl.bench import heldout_prompts
+    from benchmarks.bench import heldout_prompts
 
     prompts = heldout_prompts(tok, cfg.heldout, cfg.seed)
     answers = {"v0": greedy(ref, tok, prompts, cfg.measure_tokens),
@@ -288,7 +288,7 @@ def shift_policy(cfg: StyleShiftConfig, out: str | Path) -> Path:
     data = {"source": "mathgen train", "seed": cfg.seed, "examples": len(rows),
             "response_tokens": sum(len(r["response_ids"]) for r in rows),
             "sha256": artifacts.fingerprint([(r["prompt_ids"], r["response_ids"]) for r in rows]),
-            "layout": "Given / Step i / Answer / #### (draftkit/rl/style_shift.py)",
+            "layout": "Given / Step i / Answer / #### (benchmarks/style_shift.py)",
             "example": {"question": rows[0]["question"], "response": rows[0]["response"]}}
     with artifacts.atomic_dir(dst, overwrite=True) as tmp:
         model.save_pretrained(tmp)
@@ -307,9 +307,9 @@ def shift_policy(cfg: StyleShiftConfig, out: str | Path) -> Path:
 def rollout_problems(cfg: StyleShiftConfig, tok) -> list[dict]:
     """Training-distribution problems (mathgen train) the fine-tune did not see, as the RL
     loop's batch rows."""
+    from benchmarks import reward
+    from benchmarks.grpo_loop import prompt_ids
     from draftkit.prepare import mathgen
-    from draftkit.rl import reward
-    from draftkit.rl.grpo_loop import prompt_ids
 
     seen = {p.question for p in mathgen.generate("train", cfg.examples, seed=cfg.seed)}
     fresh = [p for p in mathgen.generate("train", 2 * cfg.rollout_prompts, seed=cfg.seed + 1)
@@ -326,7 +326,7 @@ def sample_rollouts(cfg: StyleShiftConfig, out: str | Path) -> dict:
     loop's format, `policy_step` = cfg.steps); their stats (also `<out>/rollouts/meta.json`)."""
     from transformers import AutoTokenizer
 
-    from draftkit.rl import grpo_loop
+    from benchmarks import grpo_loop
     from draftkit.serving import vllm_engine
 
     out = Path(out)

@@ -8,7 +8,7 @@ measured in vLLM at each temperature (T=1, the RL setting, and T=0):
     refreshed   draft v0 refreshed on vN's rollouts (`draftkit refresh`), hot-swapped into the
                 stale engine (the swap's latency is measured there, no restart)
     scratch     a draft trained from scratch on vN with v0's data budget (a run dir:
-                scripts/scratch_draft.py builds it, rl/scratch.py; skipped when not given)
+                scripts/scratch_draft.py builds it, benchmarks/scratch.py; skipped when not given)
     ngram       vLLM n-gram on vN
     suffix      vLLM suffix decoding on vN (arctic-inference; where it cannot be imported the
                 row says why); its cache is emptied before each temperature, so it never
@@ -84,8 +84,8 @@ def load_config(overrides: list[str]) -> BenchConfig:
 
 
 def heldout_prompts(tok, n: int, seed: int) -> list[list[int]]:
+    from benchmarks.grpo_loop import prompt_ids
     from draftkit.prepare import mathgen
-    from draftkit.rl.grpo_loop import prompt_ids
 
     return [prompt_ids(tok, p.question) for p in mathgen.generate("eval", n, seed=seed)]
 
