@@ -115,7 +115,7 @@ def measure(llm, prompts: list[list[int]], cfg: BenchConfig, suffix: bool = Fals
 
 def refresh_copy(cfg: BenchConfig) -> dict:
     """Refresh draft v0 on vN's rollouts in a copy of the draft run; the job's result."""
-    from draftkit.rl.refresh import refresh
+    from draftkit.rl.job import refresh
 
     src, dst = Path(cfg.draft_run), Path(cfg.work_dir) / "refresh-run"
     if not (src / "export").is_dir():

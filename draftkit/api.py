@@ -18,7 +18,7 @@ from draftkit.harvest.stage import harvest
 from draftkit.init.stage import init_run as init
 from draftkit.prepare.stage import prepare
 from draftkit.rl.drift import drift
-from draftkit.rl.refresh import refresh
+from draftkit.rl.job import refresh
 from draftkit.rl.refresher import DraftRefresher
 from draftkit.rl.watch import watch
 from draftkit.target.load import load_target

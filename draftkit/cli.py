@@ -129,7 +129,7 @@ def _run_rl(args: argparse.Namespace) -> None:
 
         drift(Path(args.run), Path(args.policy), args.rollouts, over)
     elif args.verb == "refresh":
-        from draftkit.rl.refresh import refresh
+        from draftkit.rl.job import refresh
 
         refresh(Path(args.run), Path(args.policy), args.rollouts, over,
                 policy_step=args.policy_step)
@@ -185,7 +185,7 @@ def run(argv: list[str] | None = None) -> int:
             args.run, args.overrides = None, [args.run, *args.overrides]
         print(render(report(args.run, args.overrides)))
     elif args.verb == "project":
-        from draftkit.rl.project import project_step, render
+        from draftkit.rl.step_time import project_step, render
 
         print(render(project_step(args.generation_s, args.step_s, args.rollout_speedup,
                                   args.mode, args.other_delta_s)))

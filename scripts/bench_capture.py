@@ -63,7 +63,7 @@ def child(run: str, policy: str, rollouts: str, mode: str) -> dict:
     """One refresh in this (fresh) process."""
     import torch
 
-    from draftkit.rl.refresh import refresh
+    from draftkit.rl.job import refresh
 
     torch.set_num_threads(1)
     res = refresh(run, policy, [rollouts], [*REFRESH, f"refresh.capture={mode}"])

@@ -164,8 +164,8 @@ def test_refresh_job_on_the_device_publishes(tmp_path, tiny_target, capture):
     from _rl_helpers import make_run as make_rl_run
     from _rl_helpers import save_policy, write_rollouts
 
+    from draftkit.rl.job import refresh
     from draftkit.rl.publish import DraftStore
-    from draftkit.rl.refresh import refresh
 
     with one_thread():
         run = make_rl_run(tmp_path / "runs", tiny_target)

@@ -83,7 +83,7 @@ REFRESH = ["refresh.budget_steps=40", "refresh.lr=1e-3", "refresh.batch_tokens=2
 
 @pytest.fixture(scope="module")
 def published(setup):
-    from draftkit.rl.refresh import refresh
+    from draftkit.rl.job import refresh
 
     with one_thread():
         return refresh(setup["run"], setup["policy"], [setup["r1"]], REFRESH)
@@ -119,7 +119,7 @@ def test_harvest_capture_trains_the_same_draft_lm(setup, published, tmp_path):
     from safetensors.torch import load_file
 
     from draftkit.rl import publish
-    from draftkit.rl.refresh import refresh
+    from draftkit.rl.job import refresh
 
     run = tmp_path / "dlm-harvest"  # the same run before its refresh, captured on disk
     shutil.copytree(setup["run"], run, ignore=shutil.ignore_patterns("drafts"))

@@ -12,8 +12,8 @@ from _rl_helpers import make_run, save_policy, write_rollouts
 from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
 from draftkit.rl import capture, finetune
+from draftkit.rl.job import refresh
 from draftkit.rl.publish import DraftStore
-from draftkit.rl.refresh import refresh
 
 # several fine-tune batches (padded: rows of different lengths) over several shards
 BASE = ["refresh.budget_steps=30", "refresh.lr=3e-3", "refresh.batch_tokens=256",

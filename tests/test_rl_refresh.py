@@ -20,8 +20,8 @@ from _runs import one_thread
 from draftkit.core import config
 from draftkit.core.errors import DraftkitError
 from draftkit.rl import finetune
+from draftkit.rl.job import draft_starts, heldout_split, refresh
 from draftkit.rl.publish import DraftStore, RefreshLocked
-from draftkit.rl.refresh import draft_starts, heldout_split, refresh
 from draftkit.rl.rollouts import Rollout, prompt_key
 
 FAST = ["refresh.budget_steps=40", "refresh.lr=3e-3", "refresh.batch_tokens=2048"]
@@ -184,7 +184,7 @@ def test_grpo_siblings_never_straddle_the_split():
 
 def test_draft_starts_counts_what_the_estimate_scores(setup):
     from draftkit.rl import drift
-    from draftkit.rl import refresh as refresh_mod
+    from draftkit.rl import job as refresh_mod
     from draftkit.rl.rollouts import read_rollouts
 
     kind, tok = refresh_mod.kinds.get("eagle3"), setup["target"].tokenizer  # the kind registry

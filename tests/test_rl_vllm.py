@@ -21,9 +21,9 @@ from draftkit.core import artifacts, config
 from draftkit.drafts import kind as kinds
 from draftkit.init.stage import init_run
 from draftkit.rl import drift
+from draftkit.rl.job import refresh
 from draftkit.rl.policy import load_policy
 from draftkit.rl.publish import DraftStore
-from draftkit.rl.refresh import refresh
 from draftkit.rl.rollouts import Rollout
 from draftkit.serving import drafter_swap, vllm_engine
 

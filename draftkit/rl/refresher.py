@@ -35,7 +35,7 @@ from pathlib import Path
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.rl import refresh as refresh_mod
+from draftkit.rl import job as refresh_mod
 from draftkit.rl.policy import from_model
 from draftkit.rl.publish import DraftStore
 

@@ -48,9 +48,9 @@ from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.rl import drift
 from draftkit.rl.finetune import Stopped
+from draftkit.rl.job import refresh
 from draftkit.rl.policy import CheckpointError, shard_problems
 from draftkit.rl.publish import DraftStore, RefreshLocked
-from draftkit.rl.refresh import refresh
 
 MARKERS = ("draftkit.ready", "COMPLETE", ".complete", "DONE")
 DONE = ".done"  # rollouts: NAME.jsonl.done marks NAME.jsonl complete
