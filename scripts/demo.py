@@ -38,7 +38,7 @@ DEMO_OVERRIDES = [
     "export.check=false",
 ]
 # Unique conversations are what the demo's head lacks (train-split sim AL 2.37 vs held-out 1.97
-# after 340 x 4 epochs), so each tier buys as many as its CPU affords in 20 minutes (README,
+# after 340 x 4 epochs), so each tier buys as many as its CPU affords in 20 minutes (docs/benchmarks.md,
 # "`make demo`", has the timings): where bf16 runs on AMX tiles (or a GPU), 600 templated
 # problems x 3 epochs (demo9: 16.6 min on an Intel Xeon with AMX); where it runs on AVX512-BF16
 # alone, every stage is ~1.6x slower and 600 took 20.4 min (demo12, AMD EPYC), so 500 x 3
@@ -51,7 +51,7 @@ BF16_NO_AMX_OVERRIDES = ["data.max_samples=500", "train.epochs=3"]
 FP32_OVERRIDES = ["eval.num_prompts=8"]
 # `--tier full`: the cheapest recipe measured whose head passes n-gram's AL on every split, unseen
 # templates included (bench_learning `sub-2-e5` on `data-1120`: 2.38 / 2.74 / 2.30 vs 2.24 / 2.16 /
-# 2.14 for 1.9 CPU-hours on the AMD EPYC; README, "AL against the whole compute"). About an hour
+# 2.14 for 1.9 CPU-hours on the AMD EPYC; docs/benchmarks.md, "AL against the whole compute"). About an hour
 # on 2 cores where bf16 is native (demo20-full: 64 min); longer in fp32 (not measured).
 FULL_OVERRIDES = ["data.max_samples=1000", "data.self_instruct=120",
                   "data.substitute_copies=2", "train.epochs=5"]

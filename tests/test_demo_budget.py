@@ -39,7 +39,7 @@ def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags,
 
 
 def test_demo_full_tier_is_the_measured_bench_learning_recipe(demo):
-    # The README's figures for `--tier full` come from bench_learning's `sub-2-e5` on `data-1120`
+    # The figures (README, docs/benchmarks.md) for `--tier full` come from bench_learning's `sub-2-e5` on `data-1120`
     bench = script("bench_learning")
     assert demo.FULL_OVERRIDES == [*bench.DATA_SETTINGS["data-1120"],
                                    *bench.REUSE_SETTINGS["sub-2-e5"]]

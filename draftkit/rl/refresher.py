@@ -1,6 +1,6 @@
 """`DraftRefresher`: the in-process refresh API for RL loops (no checkpoint round-trip).
 
-    from draftkit import DraftRefresher
+    from draftkit.api import DraftRefresher
     from draftkit.rl.drift import EngineAL
 
     refresher = DraftRefresher("runs/rl", every=10, al_drop=0.15)
