@@ -91,7 +91,7 @@ def test_tiny_qwen3_lifecycle(tmp_path, one_thread):
 
     report = api.evaluate(run)
     rows = {r["method"]: r for r in report["vllm"]["rows"]}
-    assert set(rows) == {"none", "ngram", "eagle3"}
+    assert set(rows) == {"none", "ngram", "suffix", "eagle3"}  # the free methods beside it
     eagle = rows["eagle3"]
     assert eagle["drafts"] > 0 and eagle["output_tokens"] > 0  # vLLM ran the Qwen3 EAGLE-3 head
     lossless = report["lossless_vllm"]
