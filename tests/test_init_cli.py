@@ -8,7 +8,8 @@ import yaml
 from draftkit import cli
 from draftkit.core import artifacts, config, registry
 from draftkit.core.errors import DraftkitError
-from draftkit.init.stage import draft_vocab_rule, init_run, resolve
+from draftkit.core.registry import draft_vocab_rule
+from draftkit.init.stage import init_run, resolve
 
 
 def _cli(capsys, *argv):

@@ -61,7 +61,7 @@ class DraftConfig:
     # (scripts/bench_draft_sampling.py). Lossless both; at T = 0 both draft the argmax.
     draft_sample_method: str = "probabilistic"
     aux_layer_ids: list[int] = field(default_factory=list)  # vLLM convention; [] = [2, N//2, N-3]
-    draft_vocab_size: int = 0  # 0 = derived from the target vocab (see init.draft_vocab_rule)
+    draft_vocab_size: int = 0  # 0 = derived from the target vocab (see registry.draft_vocab_rule)
     # The single decoder layer (speculators `transformer_layer_config`), derived from the target.
     hidden_size: int = 0
     intermediate_size: int = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -63,6 +64,17 @@ def default_aux_layer_ids(num_hidden_layers: int) -> list[int]:
     [2, N//2, N-3], e.g. [2, 18, 33] for Qwen3-8B's 36 layers."""
     n = num_hidden_layers
     return [2, n // 2, n - 3]
+
+
+def draft_vocab_rule(target_vocab: int) -> int:
+    """Draft vocab size from the target's: 32k above 100k tokens (EAGLE-3's choice for Llama-3
+    and Qwen3); the whole vocab up to 8192; otherwise a quarter, rounded up to 1024, at least
+    8192. SmolLM2's 49152 -> 12288, which covers ~all assistant tokens of a domain recipe."""
+    if target_vocab > 100_000:
+        return 32_000
+    if target_vocab <= 8192:
+        return target_vocab
+    return max(8192, math.ceil(target_vocab / 4 / 1024) * 1024)
 
 
 def aux_layer_ids(cfg) -> list[int]:

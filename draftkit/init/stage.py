@@ -12,7 +12,6 @@ then the command line's `key=value` overrides. The result has every field presen
 from __future__ import annotations
 
 import difflib
-import math
 from pathlib import Path
 
 import yaml
@@ -42,17 +41,6 @@ def check_recipe(name: str) -> Path:
                         "recipe YAML.")
 
 
-def draft_vocab_rule(target_vocab: int) -> int:
-    """Draft vocab size from the target's: 32k above 100k tokens (EAGLE-3's choice for Llama-3
-    and Qwen3); the whole vocab up to 8192; otherwise a quarter, rounded up to 1024, at least
-    8192. SmolLM2's 49152 -> 12288, which covers ~all assistant tokens of a domain recipe."""
-    if target_vocab > 100_000:
-        return 32_000
-    if target_vocab <= 8192:
-        return target_vocab
-    return max(8192, math.ceil(target_vocab / 4 / 1024) * 1024)
-
-
 def template_layers(kind: str, info: TargetInfo) -> list[Path]:
     names = [f"{kind}.yaml", f"{kind}-{info.family}.yaml", f"{kind}-{info.name}.yaml"]
     return [configs_dir() / n for n in names if (configs_dir() / n).is_file()]
@@ -72,7 +60,7 @@ def _derive(cfg: RunConfig, info: TargetInfo, explicit: dict) -> None:
     """Fill every target-dependent field the templates and overrides left unset."""
     d, tr = cfg.draft, cfg.train
     if not d.draft_vocab_size:
-        d.draft_vocab_size = draft_vocab_rule(info.vocab_size)
+        d.draft_vocab_size = registry.draft_vocab_rule(info.vocab_size)
     for key in ("hidden_size", "intermediate_size", "num_attention_heads",
                 "num_key_value_heads", "head_dim"):
         if not getattr(d, key):

@@ -113,10 +113,9 @@ def train(run_dir: Path, overrides: list[str] | None = None,
 
     run = config.open_run(run_dir, overrides)
     cfg = run.cfg
-    kind = kinds.of(cfg)
     if cfg.train.mode not in ("offline", "online"):
         raise DraftkitError(f"train.mode must be offline or online, got {cfg.train.mode!r}")
-    kind.check_train(cfg)
+    kinds.of(cfg).check_train(cfg)
     if not 0 <= cfg.train.feature_noise < 10:
         raise DraftkitError(f"train.feature_noise is a std relative to the features' RMS: "
                             f"use a small value like 0.05 (0 = off), got {cfg.train.feature_noise}")

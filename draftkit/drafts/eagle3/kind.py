@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from draftkit.core import registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.kind import device_of, fuse_projections, register
 
@@ -24,12 +25,10 @@ class Eagle3Kind:
         if not d.aux_layer_ids:
             d.aux_layer_ids = info.default_aux_layer_ids
         if d.draft_vocab_size > info.vocab_size:
-            from draftkit.init.stage import draft_vocab_rule
-
             raise DraftkitError(
                 f"draft vocab {d.draft_vocab_size} is larger than {info.name}'s vocab "
                 f"({info.vocab_size}); set draft.draft_vocab_size <= {info.vocab_size} "
-                f"(default rule gives {draft_vocab_rule(info.vocab_size)})")
+                f"(default rule gives {registry.draft_vocab_rule(info.vocab_size)})")
 
     def describe(self, cfg) -> str | None:
         return None
