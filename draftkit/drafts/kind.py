@@ -79,7 +79,10 @@ class DraftKind(Protocol):
 
 
 # name -> module whose import registers the kind (kept lazy: a kind pulls in its model code)
-BUILTIN = {"eagle3": "draftkit.drafts.eagle3.kind", "draft-lm": "draftkit.drafts.draft_lm.kind"}
+BUILTIN = {
+    "eagle3": "draftkit.drafts.eagle3.kind",
+    "draft-lm": "draftkit.drafts.draft_lm.kind",
+}
 _KINDS: dict[str, DraftKind] = {}
 
 
