@@ -153,7 +153,7 @@ def measure(llm, prompt_ids: list[list[int]], params, batch_size: int) -> dict:
 def speculative_config(method: str, k: int | None, draft_dir: str | Path | None,
                        sample: str = "greedy") -> dict | None:
     """vLLM's `speculative_config` for a method: none (None) | ngram | suffix | eagle3 |
-    draft_model; `sample` = how a draft's tokens are drafted at T > 0 (draft_sampling)."""
+    peagle | draft_model; `sample` = how a draft's tokens are drafted at T > 0 (draft_sampling)."""
     if method == "none":
         return None
     if method == "ngram":
@@ -162,6 +162,8 @@ def speculative_config(method: str, k: int | None, draft_dir: str | Path | None,
         return suffix_config(k)
     if method == "eagle3":
         return eagle3_config(draft_dir, k, sample)
+    if method == "peagle":  # a P-EAGLE head (drafts/peagle): one draft forward for k tokens
+        return {**eagle3_config(draft_dir, k, sample), "parallel_drafting": True}
     return draft_model_config(draft_dir, k, sample)
 
 
