@@ -82,6 +82,8 @@ class DraftKind(Protocol):
 BUILTIN = {
     "eagle3": "draftkit.drafts.eagle3.kind",
     "draft-lm": "draftkit.drafts.draft_lm.kind",
+    "peagle": "draftkit.drafts.peagle.kind",
+    "pard": "draftkit.drafts.pard.kind",
 }
 _KINDS: dict[str, DraftKind] = {}
 

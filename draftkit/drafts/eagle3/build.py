@@ -34,14 +34,14 @@ def load_vocab(cfg, data_runs: list[RunPaths], tokenizer):
                             must_include=end_of_turn_ids(tokenizer))
 
 
-def warm_start(cfg, target_model):
+def warm_start(cfg, target_model, cls=Eagle3Draft):
     """The head in `train.init_from`, checked against this run's draft (shapes, norms, target,
-    aux layer ids). Its draft vocab is kept: lm_head rows are indexed by draft id."""
+    aux layer ids). Its draft vocab is kept: lm_head rows are indexed by draft id. `cls` loads
+    it (drafts/peagle: a P-EAGLE head, or one warm-started from an EAGLE-3 head)."""
     given = RunPaths(config.run_dir_of(cfg.train.init_from))
     # a run dir stands for its best checkpoint
     src = given.train / "best" if given.config.is_file() else given.root
-    model = Eagle3Draft.from_pretrained(src, target_model, cfg.train.ttt_steps,
-                                        cfg.train.ttt_decay)
+    model = cls.from_pretrained(src, target_model, cfg.train.ttt_steps, cfg.train.ttt_decay)
     got = model.spec
     if cfg.draft.draft_vocab_size not in (0, got.draft_vocab_size):
         raise DraftkitError(f"train.init_from={src} has a draft vocab of {got.draft_vocab_size} "

@@ -131,6 +131,15 @@ class Eagle3Draft(nn.Module):
         spec = fmt.from_config(artifacts.read_json(directory / CONFIG_FILE))
         tensors = load_file(str(directory / WEIGHTS_FILE))
         fmt.check_state_dict(spec, tensors)
+        return cls.from_state(spec, tensors, target_model, ttt_steps, ttt_decay)
+
+    @classmethod
+    def from_state(cls, spec: DraftSpec, tensors: dict, target_model=None,
+                   ttt_steps: int = _TRAIN_DEFAULTS.ttt_steps,
+                   ttt_decay: float = _TRAIN_DEFAULTS.ttt_decay) -> Eagle3Draft:
+        """A head from a checked spec + checkpoint tensors (from_pretrained's second half;
+        drafts/peagle reads its own config.json and shares this)."""
+        tensors = dict(tensors)
         if "d2t" in tensors:
             vocab = DraftVocab.from_d2t(tensors.pop("d2t").to(torch.int64),
                                         spec.target_vocab_size)

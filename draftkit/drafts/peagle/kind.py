@@ -1,0 +1,107 @@
+"""The P-EAGLE head as a draft kind (drafts/kind.py): an EAGLE-3 head whose one forward drafts
+all k tokens (model.py), served by vLLM 0.32 as `method: eagle3, parallel_drafting: true` from
+a speculators `peagle` dir. Everything but the parallel slots is the EAGLE-3 kind's: the same
+harvest (aux + last), vocab, decoder layer, loss and refresh features, so it subclasses it.
+`method` "peagle" is what eval and export's parity check pass to vllm_engine.speculative_config
+(eagle3 + parallel_drafting); its eval rows read "peagle" beside "eagle3".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts.eagle3.kind import Eagle3Kind
+from draftkit.drafts.kind import device_of, register
+
+
+class PEagleKind(Eagle3Kind):
+    name, method = "peagle", "peagle"
+
+    # ----------------------------------------------------------------- init, train
+
+    def describe(self, cfg) -> str | None:
+        k = cfg.draft.num_speculative_tokens
+        return (f"P-EAGLE: one draft forward proposes all k={k} tokens (vLLM parallel_drafting); "
+                "train.init_from=RUN starts it from a trained EAGLE-3 head of the same target")
+
+    def check_train(self, cfg) -> None:
+        k, steps = cfg.draft.num_speculative_tokens, cfg.train.ttt_steps
+        if steps < k:
+            raise DraftkitError(
+                f"train.ttt_steps={steps} trains {steps} parallel slots but the head drafts "
+                f"k={k} (draft.num_speculative_tokens): vLLM would serve slots it never "
+                f"learned. Set train.ttt_steps={k} (or more, for a larger k at serving time)")
+
+    def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
+        from draftkit.drafts.peagle.build import build
+
+        return build(cfg, data_runs, target)
+
+    # ----------------------------------------------------------------- export, eval
+
+    def export_run(self, run) -> Path:
+        from draftkit.drafts.peagle.export import export_run
+
+        return export_run(run)
+
+    def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
+        from draftkit.drafts.peagle import format as fmt
+
+        spec, _ = fmt.from_config(conf)
+        t = cfg.target
+        return {"hidden size": (spec.hidden_size, t.hidden_size),
+                "target hidden size": (spec.target_hidden_size, t.hidden_size),
+                "vocab": (spec.target_vocab_size, t.vocab_size)}
+
+    def load_export(self, directory: Path, target_model) -> torch.nn.Module:
+        return _load(directory, target_model)
+
+    def reference_drafter(self, draft, target):
+        from draftkit.drafts.peagle.drafter import PEagleDrafter
+
+        return PEagleDrafter(draft, target)
+
+    # ----------------------------------------------------------------- refresh
+
+    def load(self, directory: Path, policy_model, k: int):
+        """The published head with k parallel slots; `step_logits` (EAGLE-3's ttt_unroll over
+        the overridden ttt_states) then gives k x [B, T, Vd] for those slots."""
+        return _load(directory, policy_model, ttt_steps=k).float().to(device_of(policy_model))
+
+    def export(self, model, tmp: Path, final: Path, cfg) -> None:
+        from draftkit.drafts.eagle3 import format as eagle3_fmt
+        from draftkit.drafts.peagle import format as fmt
+        from draftkit.drafts.peagle.export import write_files
+
+        spec = eagle3_fmt.with_k(model.spec, cfg.draft.num_speculative_tokens)
+        tensors = model.export_state_dict()
+        fmt.check_state_dict(spec, tensors, model.mask_token_id)
+        write_files(tmp, final, spec, tensors, model.mask_token_id, cfg)
+
+    def engine_view(self, directory: Path) -> dict[str, torch.Tensor]:
+        """EAGLE-3's view plus vLLM's `mask_hidden` buffer [1, A*Ht] (top level of the model).
+        vLLM derives the parallel slots' hidden state from it (fc applied) once, at load."""
+        from draftkit.drafts.peagle import format as fmt
+
+        out = super().engine_view(directory)
+        mask = out.pop("model." + fmt.MASK_HIDDEN)
+        out[fmt.MASK_HIDDEN] = mask.reshape(1, -1)
+        return out
+
+
+def _load(directory: Path, target_model, ttt_steps: int | None = None):
+    from draftkit.drafts.peagle.model import PEagleDraft
+
+    kwargs = {} if ttt_steps is None else {"ttt_steps": ttt_steps}
+    model = PEagleDraft.from_pretrained(directory, target_model, **kwargs)
+    if model.mask_token_id is None:
+        raise DraftkitError(f"{directory} holds an EAGLE-3 head, not a P-EAGLE one; serve it "
+                            "with the eagle3 kind, or train a P-EAGLE head from it "
+                            "(train.init_from)")
+    return model
+
+
+KIND = register(PEagleKind())
