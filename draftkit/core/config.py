@@ -201,6 +201,9 @@ class EvalConfig:
     # where the report eval-<run>-<time>.{json,md,png} goes: '' = the run's own eval/ dir;
     # a path (relative to the cwd) writes the files there, and the run's eval/ keeps json + md
     results_dir: str = ""
+    # the method and k to serve per batch size (eval/choice.py -> <run>/eval/choice.json, then
+    # the export's serving.json): within this fraction of the fastest, the simplest method wins
+    choice_margin: float = 0.02
 
 
 @dataclass
@@ -243,6 +246,7 @@ class RefreshConfig:
     probe_prompts: int = 8  # swap health check: prompts generated at T=0 after a swap
     probe_max_tokens: int = 64
     min_probe_al: float = 1.2  # swap health check: engine AL on the probes must exceed this
+    engine_timeout_s: float = 120.0  # rollout servers: seconds one HTTP call may take (swap, probes)
     poll_s: float = 10.0  # watch: seconds between scans of the checkpoint/rollout dirs
     # the gate: publish only with at least this many held-out draft starts (response positions
     # where a draft of k begins, as drift.estimate counts them); fewer = "undecided"

@@ -72,6 +72,7 @@ def markdown(rep: dict) -> str:
                   "projected = (1 + Σ a_i) · c_target / (c_verify(k) + k · c_draft), costs timed "
                   f"in torch at context {rep['costs']['context_tokens']} tokens (costs.py).", ""]
         lines += _unavailable(rep["vllm"]["rows"])
+        lines += _choice(rep.get("choice"))
         if "splits" in rep["vllm"]:
             lines += _splits(rep["vllm"]["splits"])
         lines += _lossless(rep["lossless_vllm"])
@@ -102,6 +103,26 @@ def _splits(x: dict) -> list[str]:
                      f"{_pos(r.get('per_position'))} | {_f(r['tokens_per_s'], '.1f')} | "
                      f"{_f(r['speedup'])}x |")
     return [*lines, ""]
+
+
+def _choice(c: dict | None) -> list[str]:
+    """The method and k to serve per batch range (choice.py), and the one-engine k schedule."""
+    if not c or not c["ranges"]:
+        return []
+    lines = ["## Chosen method and k per batch size", "",
+             f"Fastest by the geometric mean of speedup over T; within {c['margin']:.0%} of it "
+             "the simplest (none, ngram, suffix, the draft; smaller k). Written to "
+             "<run>/eval/choice.json and the export's serving.json.", "",
+             "| batches | method | k | score |", "|---|---|---|---|"]
+    for p in c["ranges"]:
+        hi = "+" if p["batch_to"] is None else f"–{p['batch_to']}"
+        lines.append(f"| {p['batch_from']}{hi} | {p['method']} | {p['k'] or '–'} | "
+                     f"{p['score']:.2f}x |")
+    d = c.get("dynamic")
+    lines += ["", f"One engine (GPU only, vLLM `num_speculative_tokens_per_batch_size`): "
+              f"{d['method']} {d['num_speculative_tokens_per_batch_size']}" if d else
+              "One engine: no method beats no speculation at any batch size.", ""]
+    return lines
 
 
 def _method(r: dict) -> str:

@@ -27,7 +27,9 @@ speculation (reuses the T=0 runs when eval.dtype is float32, and then checks n-g
 suffix's too; else starts two fp32 engines). Reference (`eval.engine` reference|both): the torch
 decoder of spec_decode.py over `eval.reference_prompts` prompts at each (k, T).
 Outputs: <run>/eval/eval-<run>-<time>.{json,md} + PNG plots (report.py) and meta.json
-(`eval.results_dir=DIR`: the files in DIR, json/md copied into <run>/eval).
+(`eval.results_dir=DIR`: the files in DIR, json/md copied into <run>/eval). From the vLLM rows,
+the method and k to serve per batch size (choice.py): <run>/eval/choice.json, and serving.json +
+README snippets in the export it measured (export/measured.py; a re-export keeps them).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.eval import report, splits
+from draftkit.eval import choice, report, splits
+from draftkit.export.measured import apply_choice
 from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 from draftkit.serving.counters import SpecCounters
@@ -96,7 +99,12 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     timings["torch_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     rep["timings"] = timings
+    if "vllm" in rep:  # the method and k to serve per batch size, from these rows
+        rep["choice"] = choice.choose(rep["vllm"]["rows"], cfg.eval.choice_margin)
     report.write(rep, cfg, paths)
+    if "choice" in rep:  # where export finds it again, and into the export it measured
+        rep["choice"] = choice.save(rep, cfg, paths.eval, export_dir)
+        apply_choice(cfg, export_dir, rep["choice"])
     print(report.markdown(rep))
     return rep
 
@@ -115,6 +123,9 @@ def check_settings(cfg) -> None:
         raise DraftkitError(f"eval.temperatures={e.temperatures} must be non-empty and >= 0")
     if e.num_prompts < 1 or e.max_new_tokens < 1:
         raise DraftkitError("eval.num_prompts and eval.max_new_tokens must be >= 1")
+    if not 0 <= e.choice_margin < 1:
+        raise DraftkitError(f"eval.choice_margin={e.choice_margin}: a fraction in [0, 1), e.g. "
+                            "0.02 (within 2% of the fastest the simpler method is chosen)")
     if e.latency_prompts < 0:
         raise DraftkitError(f"eval.latency_prompts={e.latency_prompts}: use 0 (every eval "
                             "prompt) or the number of prompts the batch-1 rows serve")

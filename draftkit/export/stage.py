@@ -9,6 +9,8 @@ drafts/draft_lm/export.py: a plain HF model dir), each with speculative_config.j
 (serving snippets for vLLM, NeMo-RL and verl, `serving_snippets`) and meta.json. The parity check
 (`export.check`) serves the export in vLLM at T=0 on the run's eval prompts and puts vLLM's
 measured AL next to the training-time simulated AL (check.json, meta.json).
+Where `draftkit eval` measured these weights, the export also gets the measured method and k per
+batch size (export/measured.py: serving.json, a README section, meta.json["serving"]).
 
 An export is relocatable: the files a server reads hold no path of the machine that wrote them.
 `speculative_config.json` names the draft as `"model": "."` (this directory: vLLM resolves it
@@ -26,6 +28,7 @@ from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle3.losses import simulated_al
+from draftkit.export.measured import keep_choice
 from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 
@@ -45,6 +48,7 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     parity-check it in vLLM."""
     run = config.open_run(run_dir, overrides)
     out = kinds.of(run.cfg).export_run(run)
+    keep_choice(run, out)
     check_in_vllm(run, out)
     return out
 
@@ -61,10 +65,6 @@ def load_speculative_config(export_dir: str | Path) -> dict:
     export_dir = Path(export_dir)
     sc = artifacts.read_json(export_dir / "speculative_config.json")
     return {**sc, "model": str((export_dir / sc["model"]).resolve())}
-
-
-# ----------------------------------------------------------------------------- parity check
-
 
 
 def serving_snippets(target: str, sc: str) -> str:
@@ -105,6 +105,9 @@ temperatures; install draftkit in the serving environment: its vLLM plugin
 (`draftkit.serving.vllm_plugin`, loaded by vLLM in every engine process) fixes it. CUDA vLLM is not
 affected.
 """
+
+# ----------------------------------------------------------------------------- parity check
+
 
 def read_json(path: Path) -> dict:
     return artifacts.read_json(path) if path.is_file() else {}

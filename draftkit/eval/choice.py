@@ -1,0 +1,161 @@
+"""Which speculative method and k to serve, picked from eval's vLLM measurements, per batch size;
+kept in <run>/eval/choice.json, where `draftkit export` finds it again (export/stage.py puts it in
+the export as serving.json and in its README's serving snippets).
+
+The rule (`choose`, pure): at each measured batch size b, every (method, k) measured there at
+every eval temperature scores
+    score = geometric mean over T of speedup(T, b)     (tok/s over no speculation, same T and b)
+and no speculation scores 1. Within `margin` (eval.choice_margin) of the best score the simplest
+wins: no speculation, then n-gram, then suffix decoding, then the trained draft; a smaller k
+before a larger one. So a draft slower than no speculation is never picked, and neither is one
+that only matches a method that needs no training. A method without numbers (suffix decoding
+without arctic-inference: its rows say `unavailable`) is not a candidate.
+
+Batch ranges: the pick measured at b_i serves batches b_i .. b_{i+1} - 1; the first range starts at
+1, the last is open. One vLLM engine serves one method, so `choose` also gives the schedule
+vLLM's `num_speculative_tokens_per_batch_size` can express: the one method whose best k per
+range (0 where it does not beat no speculation) scores most over the ranges. Only vLLM's GPU
+model runners read that schedule (docs/lifecycle.md#how-the-method-and-k-are-chosen); on the CPU
+a server takes one (method, k): the pick of its batch range.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from draftkit.core import artifacts, hardware, provenance
+
+CHOICE_FILE = "choice.json"  # in <run>/eval/
+FREE_ORDER = ("none", "ngram", "suffix")  # simplest first; any other method is a trained draft
+
+
+def choose(rows: list[dict], margin: float = 0.0) -> dict:
+    """The pick per measured batch size and the one-method k schedule, from eval's vLLM rows
+    ({method, k, temperature, batch_size, tokens_per_s, ...}; `unavailable` rows have none)."""
+    table = scores(rows)
+    picks = []
+    for b in sorted(table):
+        cands = table[b]
+        best = max(c["score"] for c in cands.values())
+        near = [key for key, c in cands.items() if c["score"] >= best * (1 - margin)]
+        method, k = min(near, key=simplicity)
+        picks.append({"batch_size": b, "method": method, "k": k, **cands[(method, k)]})
+    for pick, (lo, hi) in zip(picks, ranges([p["batch_size"] for p in picks]), strict=True):
+        pick["batch_from"], pick["batch_to"] = lo, hi
+    why = {r["method"]: r["unavailable"] for r in rows if r.get("unavailable")}
+    return {"margin": margin, "ranges": picks, "dynamic": dynamic(table, picks, margin),
+            "unavailable": why}
+
+
+def scores(rows: list[dict]) -> dict[int, dict[tuple[str, int | None], dict]]:
+    """{batch: {(method, k): {score, by_temperature}}} over the (method, k) measured at every
+    temperature that no speculation was measured at for that batch."""
+    out: dict[int, dict] = {}
+    temps = {}
+    for r in rows:
+        if r["method"] == "none" and r.get("tokens_per_s"):
+            temps.setdefault(r["batch_size"], {})[r["temperature"]] = r["tokens_per_s"]
+    grouped: dict[tuple, dict] = {}
+    for r in rows:
+        b = r["batch_size"]
+        if r.get("unavailable") or not r.get("tokens_per_s") or b not in temps:
+            continue
+        grouped.setdefault((b, r["method"], r["k"]), {})[r["temperature"]] = r
+    for (b, method, k), by_t in grouped.items():
+        if set(by_t) != set(temps[b]):
+            continue  # not measured at every temperature: no fair score
+        ups = {t: r["tokens_per_s"] / temps[b][t] for t, r in by_t.items()}
+        score = math.exp(sum(math.log(u) for u in ups.values()) / len(ups))
+        out.setdefault(b, {})[(method, k)] = {
+            "score": score,
+            "by_temperature": {str(t): figures(by_t[t], ups[t]) for t in sorted(by_t)}}
+    return out
+
+
+def figures(r: dict, speedup: float) -> dict:
+    """The numbers a pick reports per temperature: speed with tok/step and vLLM's AL beside."""
+    al = r.get("acceptance_length")
+    return {"tokens_per_s": r["tokens_per_s"], "speedup": speedup,
+            "tokens_per_step": r.get("tokens_per_step"),
+            "acceptance_length": None if al is None or math.isnan(al) else al}
+
+
+def simplicity(key: tuple[str, int | None]) -> tuple[int, int]:
+    """Sort key of a (method, k): no speculation, n-gram, suffix, a draft; smaller k first."""
+    method, k = key
+    rank = FREE_ORDER.index(method) if method in FREE_ORDER else len(FREE_ORDER)
+    return rank, k or 0
+
+
+def ranges(sizes: list[int]) -> list[tuple[int, int | None]]:
+    """[(from, to)] per sorted batch size: b_i .. b_{i+1} - 1, the first from 1, the last open."""
+    starts = [1, *sizes[1:]]
+    return [(lo, nxt - 1) for lo, nxt in zip(starts, sizes[1:], strict=False)] + \
+        ([(starts[-1], None)] if sizes else [])
+
+
+def dynamic(table: dict, picks: list[dict], margin: float) -> dict | None:
+    """One method and its k per batch range (vLLM's num_speculative_tokens_per_batch_size):
+    per range, the method's best k, or 0 where it does not beat no speculation by more than
+    `margin`; the method scoring most over the ranges (ties: the simplest). None when no
+    method beats no speculation anywhere, or a method lacks a range's numbers."""
+    methods = {m for b in table for m, _ in table[b] if m != "none"}
+    best = None
+    for method in sorted(methods, key=lambda m: simplicity((m, 0))):
+        steps, total = [], 0.0
+        for p in picks:
+            own = {k: c["score"] for (m, k), c in table[p["batch_size"]].items() if m == method}
+            if not own:
+                break
+            k = min(own, key=lambda k: (-own[k], k))
+            k, score = (k, own[k]) if own[k] > 1 + margin else (0, 1.0)
+            steps.append([p["batch_from"], p["batch_to"] or p["batch_from"], k])
+            total += score
+        else:
+            if any(s[2] for s in steps) and (best is None or total > best[0] * (1 + 1e-9)):
+                best = (total, method, steps)
+    if best is None:
+        return None
+    _, method, steps = best
+    return {"method": method, "num_speculative_tokens": max(s[2] for s in steps),
+            "num_speculative_tokens_per_batch_size": steps}
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def weights_fingerprint(export_dir: Path) -> str:
+    """What the measurements depend on in an export: its weight files (names and bytes)."""
+    files = sorted(Path(export_dir).glob("*.safetensors"))
+    return artifacts.fingerprint([(f.name, artifacts.sha256_file(f)) for f in files])
+
+
+def save(rep: dict, cfg, eval_dir: Path, export_dir: Path) -> dict:
+    """Choose from the report's vLLM rows and write <eval_dir>/choice.json (atomic), with what
+    the numbers were measured on; returns the choice."""
+    choice = choose(rep["vllm"]["rows"], cfg.eval.choice_margin)
+    s = rep["settings"]
+    choice["measured"] = {
+        "report": rep.get("files", {}).get("json"), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "run": cfg.name, "target": cfg.target.name, "draft_kind": cfg.draft.kind,
+        "export_weights": weights_fingerprint(export_dir), "hardware": hardware.summary(),
+        "git_sha": provenance.git_sha(), "dtype": s["dtype"], "temperatures": s["temperatures"],
+        "batch_sizes": s["batch_sizes"], "k_values": s["k_values"], "prompts": s["prompts"],
+        "max_new_tokens": s["max_new_tokens"]}
+    artifacts.write_json_atomic(Path(eval_dir) / CHOICE_FILE, choice)
+    return choice
+
+
+def load(eval_dir: Path, export_dir: Path) -> tuple[dict | None, str | None]:
+    """(choice, None) when <eval_dir>/choice.json measured the weights now in `export_dir`;
+    (None, why) when it exists but measured other weights; (None, None) when there is none."""
+    path = Path(eval_dir) / CHOICE_FILE
+    if not path.is_file():
+        return None, None
+    choice = artifacts.read_json(path)
+    if choice.get("measured", {}).get("export_weights") != weights_fingerprint(export_dir):
+        return None, (f"{path} measured other draft weights than {export_dir} holds now: "
+                      "re-run `draftkit eval` to pick the method and k for this draft")
+    return choice, None

