@@ -258,7 +258,18 @@ def eagle3_config(draft_dir: str | Path, k: int, sample: str = "greedy") -> dict
 
 def draft_model_config(draft_dir: str | Path, k: int, sample: str = "greedy") -> dict:
     return {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k,
-            **draft_sampling(sample)}
+            **draft_sampling(sample), **parallel_drafting(draft_dir)}
+
+
+def parallel_drafting(draft_dir: str | Path) -> dict:
+    """{"parallel_drafting": True} for a PARD draft (its config.json names a `pard_token`):
+    vLLM drafts a draft_model autoregressively unless told (drafts/pard/)."""
+    import json
+
+    conf = Path(draft_dir) / "config.json"
+    if conf.is_file() and "pard_token" in json.loads(conf.read_text()):
+        return {"parallel_drafting": True}
+    return {}
 
 
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
