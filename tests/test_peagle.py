@@ -216,8 +216,8 @@ def test_one_refresh_publishes_a_peagle_version(trained_run, tiny_target, tmp_pa
     run = copy_run(trained_run["run"], "pe-rl", subs=("export",))
     with one_thread():
         policy = save_policy(tiny_target, tmp_path / "ckpt" / "step_1")
-        rollouts = write_rollouts(tiny_target, tmp_path / "rollouts" / "step_1.jsonl", 48, 0)
-        res = refresh(run, policy, [rollouts], ["refresh.budget_steps=30", "refresh.lr=3e-3",
+        rollouts = write_rollouts(tiny_target, tmp_path / "rollouts" / "step_1.jsonl", 24, 0)
+        res = refresh(run, policy, [rollouts], ["refresh.budget_steps=20", "refresh.lr=3e-3",
                                                 "refresh.batch_tokens=2048"])
     assert res["status"] == "published", res
     lin = res["lineage"]
