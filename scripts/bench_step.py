@@ -47,6 +47,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--methods", default="none,ngram,suffix,eagle3")
     p.add_argument("--batch", default="1,8,16,32")
     p.add_argument("--k", type=int, default=3)
+    p.add_argument("--draft-k", default="",
+                   help="more k values for the model drafts (eager), e.g. 1,2: the k a batch wants")
     p.add_argument("--prompts", type=int, default=32, help="hand-written prompts at batch > 1")
     p.add_argument("--latency-prompts", type=int, default=8, help="prompts at batch 1")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -133,6 +135,10 @@ def measure(args, cfg, export: Path, prompts: list[list[int]]) -> dict:
     for method in methods:
         serve(args, cfg, method, drafts.get(method), prompts, batches, False,
               rows, profiles, engines)
+    for k in [int(k) for k in args.draft_k.split(",") if k and int(k) != args.k]:
+        for method in [m for m in methods if m in DRAFTS]:
+            serve(args, cfg, method, drafts.get(method), prompts, batches, False,
+                  rows, [], engines, k=k)
     for method in [m for m in args.compiled.split(",") if m]:
         if method in methods:
             serve(args, cfg, method, drafts.get(method), prompts, batches, True,
@@ -150,11 +156,12 @@ def measure(args, cfg, export: Path, prompts: list[list[int]]) -> dict:
 
 
 def serve(args, cfg, method: str, draft, prompts, batches: list[int], compiled: bool,
-          rows: list, profiles: list, engines: list) -> None:
-    """One timed engine for `method`: a row per batch (+ profiles of a model draft, eager)."""
+          rows: list, profiles: list, engines: list, k: int | None = None) -> None:
+    """One timed engine for `method` at k (default --k): a row per batch (+ profiles of a
+    model draft, eager)."""
     from draftkit.serving import step_timers, vllm_engine
 
-    k = None if method == "none" else args.k
+    k = None if method == "none" else (k or args.k)
     spec = vllm_engine.speculative_config(method, k, draft)
     es = vllm_engine.run_engine_spec(cfg, spec, prompts, batch_size=max(batches))
     es.extra, es.enforce_eager = step_timers.engine_kwargs(spec), not compiled
@@ -166,8 +173,8 @@ def serve(args, cfg, method: str, draft, prompts, batches: list[int], compiled: 
         if method != "suffix" and not compiled:
             raise
         why = f"its engine did not start: {e}"
-    engines.append({"method": method, "compiled": compiled, "start_s": time.perf_counter() - t0,
-                    "error": why})
+    engines.append({"method": method, "k": k, "compiled": compiled,
+                    "start_s": time.perf_counter() - t0, "error": why})
     if llm is None:
         print(f"bench_step: {method} (compiled={compiled}) not measured: {why}")
         rows += [{"method": method, "k": k, "batch_size": b, "compiled": compiled,
@@ -179,7 +186,8 @@ def serve(args, cfg, method: str, draft, prompts, batches: list[int], compiled: 
             qs = prompts[:args.latency_prompts] if b == 1 else prompts[:args.prompts]
             rows.append({**timed_row(llm, method, k, qs, b, args.max_new_tokens),
                          "compiled": compiled})
-            if method in DRAFTS and not compiled and str(b) in args.profile_batch.split(","):
+            if (method in DRAFTS and not compiled and k == args.k
+                    and str(b) in args.profile_batch.split(",")):
                 profiles += profile(llm, method, qs[:b], b, args)
     finally:
         vllm_engine.stop(llm)
@@ -227,7 +235,8 @@ def _ms(r: dict, key: str) -> str:
 
 
 def _label(r: dict) -> str:
-    return f"{r['method']}{' (compiled)' if r['compiled'] else ''}"
+    k = f" k={r['k']}" if r["method"] in DRAFTS else ""
+    return f"{r['method']}{k}{' (compiled)' if r['compiled'] else ''}"
 
 
 def speed_table(rows: list[dict]) -> list[str]:
@@ -351,9 +360,9 @@ def markdown(bench: dict) -> str:
              "## Engines", "",
              "Start time of each engine; a compiled one includes torch.compile (vLLM caches "
              "it under ~/.cache/vllm/torch_compile_cache, so a second start is faster).", "",
-             "| method | compiled | start s | error |", "|---|---|---|---|"]
-    lines += [f"| {e['method']} | {e['compiled']} | {e['start_s']:.1f} | {e['error'] or '–'} |"
-              for e in bench["engines"]]
+             "| method | k | compiled | start s | error |", "|---|---|---|---|---|"]
+    lines += [f"| {e['method']} | {e.get('k') or '–'} | {e['compiled']} | {e['start_s']:.1f} | "
+              f"{e['error'] or '–'} |" for e in bench["engines"]]
     lines += ["", "## Profiles of the draft's propose", ""]
     for p in bench["profiles"]:
         lines += profile_lines(p)
@@ -376,7 +385,8 @@ def plot(bench: dict, path: Path) -> None:
     axes[0].set(ylabel="ms per decode step", title="where a decode step's time goes")
     axes[0].legend(fontsize=7)
     for method in DRAFTS:
-        mine = sorted((r for r in rows if r["method"] == method and not r["compiled"]),
+        mine = sorted((r for r in rows if r["method"] == method and not r["compiled"]
+                       and r["k"] == bench["k"]),
                       key=lambda r: r["batch_size"])
         for key, style in (("first_draft_forward", "o-"), ("later_draft_forwards", "s--"),
                            ("draft_logits", "^:")):

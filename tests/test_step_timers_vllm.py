@@ -74,7 +74,7 @@ def test_bench_step_report_of_hand_made_rows(tmp_path):
                       {"method": "suffix", "batch_size": 8, "compiled": False,
                        "unavailable": "no arctic"}]}
     md = bench_step.markdown(bench)
-    assert "| eagle3 | 8 | +13.0 | -1.0 |" in md  # 25 - 12 ms per step; target 10 - 11 ms
+    assert "| eagle3 k=3 | 8 | +13.0 | -1.0 |" in md  # 25 - 12 ms per step; target 10 - 11 ms
     assert "| suffix | 8 | not measured: no arctic |" in md and "SMOKE" in md
     assert "| `aten::argmax` | [[8, 49152]] | 1.500 |" in md
     bench_step.plot(bench, tmp_path / "b.png")
