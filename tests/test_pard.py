@@ -238,9 +238,10 @@ def refreshed(pard_run, tmp_path_factory, tiny_target):
     tmp = tmp_path_factory.mktemp("pard-rl")
     with one_thread():
         policy = save_policy(tiny_target, tmp / "ckpt" / "step_1")
-        rollouts = write_rollouts(tiny_target, tmp / "rollouts" / "step_1.jsonl", 48, 0)
+        rollouts = write_rollouts(tiny_target, tmp / "rollouts" / "step_1.jsonl", 24, 0)
         res = refresh(pard_run["run"], policy, [rollouts],
-                      ["refresh.budget_steps=30", "refresh.lr=1e-3", "refresh.batch_tokens=2048"])
+                      ["refresh.budget_steps=10", "refresh.lr=3e-3", "refresh.batch_tokens=1024",
+                       "refresh.heldout_fraction=0.3"])
     return res
 
 
