@@ -45,10 +45,29 @@ def trained(tmp_path_factory, trained_draft, tiny_target):
         batch = greedy_batch(tiny_target, prompts + chat_prompts(tiny_target.tokenizer, 8,
                                                                  offset=100), GEN, AUX)
         metrics = fit(model, batch, STEPS, PROMPTS)
+        references = _references(model, prompts, tiny_target)  # before vLLM takes the cores
     save_best(run, model, metrics, step=STEPS)
     out = export.export(run, ["export.check=false"])
     return {"run": run, "cfg": cfg, "model": model, "metrics": metrics, "out": out,
-            "prompts": prompts}
+            "prompts": prompts, **references}
+
+
+def _references(model, prompts: list[list[int]], tiny_target) -> dict:
+    """The target's plain greedy outputs, and the reference decoder's (eval/spec_decode.py
+    with the kind's PEagleDrafter) outputs and counters, per prompt."""
+    import torch
+
+    kind, eos = kinds.get("peagle"), tiny_target.tokenizer.eos_token_id
+    target = HFTarget(tiny_target.model, kind.aux_layer_ids(model))
+    plain, decoded = [], []
+    with torch.no_grad():
+        for p in prompts:
+            plain.append(tiny_target.model.generate(
+                torch.tensor([p]), max_new_tokens=GEN, do_sample=False, eos_token_id=eos,
+                pad_token_id=eos)[0, len(p):].tolist())
+            decoded.append(speculative_decode(target, kind.reference_drafter(model, target), p,
+                                              K, GEN, 0.0, eos_id=eos))
+    return {"plain": plain, "decoded": decoded}
 
 
 @pytest.fixture(scope="module")
@@ -87,33 +106,18 @@ def test_vllm_drafts_all_k_tokens_in_one_forward(llm, greedy, trained):
     assert timers["draft_tokens"] == pytest.approx(K * timers["num_reqs"])
 
 
-def test_fp32_greedy_is_the_targets_greedy_output(greedy, trained, tiny_target):
-    import torch
-
-    eos = tiny_target.tokenizer.eos_token_id
-    with torch.no_grad():
-        plain = [tiny_target.model.generate(torch.tensor([p]), max_new_tokens=GEN,
-                                            do_sample=False, eos_token_id=eos,
-                                            pad_token_id=eos)[0, len(p):].tolist()
-                 for p in trained["prompts"]]
-    assert greedy["outputs"] == plain
+def test_fp32_greedy_is_the_targets_greedy_output(greedy, trained):
+    assert greedy["outputs"] == trained["plain"]
 
 
-def test_vllm_acceptance_is_the_reference_decoders(greedy, trained, tiny_target):
-    """vLLM's counters vs eval/spec_decode.py with the kind's reference drafter, prompt by
-    prompt: same tokens, same drafts and accepted per position (one tail step of slack)."""
+def test_vllm_acceptance_is_the_reference_decoders(greedy, trained):
+    """vLLM's counters vs the reference decoder's, prompt by prompt: same tokens, same drafts
+    and accepted per position (one tail step of slack per prompt)."""
     from _runs import assert_al_matches_replay
 
-    kind = kinds.get("peagle")
-    target = HFTarget(tiny_target.model, kind.aux_layer_ids(trained["model"]))
-    eos, replays = tiny_target.tokenizer.eos_token_id, []
-    with one_thread():
-        for prompt, out in zip(trained["prompts"], greedy["outputs"], strict=True):
-            res = speculative_decode(target, kind.reference_drafter(trained["model"], target),
-                                     prompt, K, GEN, 0.0, eos_id=eos)
-            assert res.tokens == out
-            replays.append((res.counters.drafts, res.counters.accepted_per_pos))
-    assert_al_matches_replay(greedy, replays)  # and vLLM's AL > 1.5: it accepts tokens
+    assert [r.tokens for r in trained["decoded"]] == greedy["outputs"]
+    assert_al_matches_replay(greedy, [(r.counters.drafts, r.counters.accepted_per_pos)
+                                      for r in trained["decoded"]])  # and vLLM's AL > 1.5
 
 
 def test_parity_check_on_the_running_engine(llm, greedy, trained):
