@@ -171,7 +171,7 @@ def test_install_wraps_eagle_proposers_on_cpu_only(monkeypatch):
 
 # ------------------------------------------------------------------------------ in vLLM
 
-K, PROMPTS, GEN = 3, 8, 40
+K, PROMPTS, GEN = 3, 8, 24
 
 
 @pytest.fixture(scope="module")
