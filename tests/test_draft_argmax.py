@@ -169,6 +169,28 @@ def test_install_wraps_eagle_proposers_on_cpu_only(monkeypatch):
     assert SpecDecodeBaseProposer.load_model is base  # other proposers untouched
 
 
+LAZY = """
+import sys
+from draftkit.serving import draft_argmax
+assert draft_argmax.install() and draft_argmax.EAGLE_MODULE not in sys.modules
+from vllm.v1.spec_decode.eagle import EagleProposer
+assert getattr(EagleProposer.load_model, draft_argmax.MARK, False)
+assert not any(isinstance(f, draft_argmax._AfterImport) for f in sys.meta_path)
+print("lazy ok")
+"""
+
+
+def test_install_waits_for_vllms_own_import_of_the_proposer():
+    """A process that never drafts (the API server, the engine core) does not import the
+    proposer for the plugin; the one that does gets the patch when vLLM imports it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and "lazy ok" in out.stdout, out.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------ in vLLM
 
 K, PROMPTS, GEN = 3, 8, 24

