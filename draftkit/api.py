@@ -21,8 +21,9 @@ from draftkit.rl.drift import drift
 from draftkit.rl.job import refresh
 from draftkit.rl.refresher import DraftRefresher
 from draftkit.rl.watch import watch
+from draftkit.serving.engines import swap
 from draftkit.target.load import load_target
 from draftkit.train.stage import train
 
 __all__ = ["DraftRefresher", "drift", "evaluate", "export", "harvest", "init", "load_config",
-           "load_target", "prepare", "refresh", "train", "watch"]
+           "load_target", "prepare", "refresh", "swap", "train", "watch"]

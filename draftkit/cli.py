@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_rl_verbs(sub)
 
+    q = sub.add_parser("swap", help="swap a draft into running rollout servers (vllm serve), "
+                                    "checked and rolled back per engine")
+    q.add_argument("urls", nargs="+", help="server URLs, e.g. http://10.0.0.5:8000")
+    q.add_argument("--draft", required=True, help="runs/NAME/drafts/current (or vNNNN, export)")
+    q.set_defaults(overrides=[])  # key=value overrides of the run's config (refresh.*)
+
     q = sub.add_parser("project", help="project the RL step speedup from a rollout speedup")
     q.add_argument("--rollout-speedup", type=float, required=True)
     q.add_argument("--generation-s", type=float, required=True, help="generation time per step")
@@ -96,6 +102,8 @@ def _add_rl_verbs(sub) -> None:
             q.add_argument("--al-drop", type=float, default=None,
                            help="refresh when AL falls below (1 - X) x AL at publish")
             q.add_argument("--once", action="store_true", help="one scan, then exit")
+            q.add_argument("--engines", type=_csv(str), default=None,
+                           help="rollout servers to push every published draft to: URL,URL")
         else:
             q.add_argument("--policy", required=True, help="policy checkpoint (HF dir)")
             q.add_argument("--rollouts", required=True, nargs="+", help="JSONL files or dirs")
@@ -137,7 +145,7 @@ def _run_rl(args: argparse.Namespace) -> None:
         from draftkit.rl.watch import watch
 
         watch(Path(args.run), args.checkpoints, args.rollouts, over, args.every, args.al_drop,
-              args.once)
+              args.once, engines=args.engines)
 
 
 def _flags_to_overrides(args: argparse.Namespace) -> list[str]:
@@ -189,6 +197,11 @@ def run(argv: list[str] | None = None) -> int:
 
         print(render(project_step(args.generation_s, args.step_s, args.rollout_speedup,
                                   args.mode, args.other_delta_s)))
+    elif args.verb == "swap":
+        from draftkit.serving.engines import swap
+
+        urls = [u for u in args.urls if "=" not in u]  # `swap URL key=value`: an override
+        swap(urls, args.draft, [*(u for u in args.urls if "=" in u), *args.overrides])
     elif args.verb in ("drift", "refresh", "watch"):
         _run_rl(args)
     else:

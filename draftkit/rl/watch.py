@@ -30,6 +30,13 @@ talks to it only through files, and refreshes the draft when it pays.
   from it, and the refresh job key makes a repeated refresh publish nothing twice.
 - SIGTERM/SIGINT stop it cleanly (an unfinished fine-tune is dropped, nothing published).
   Events go to `drafts/watch-log.jsonl` and to wandb (offline without a key).
+- Engines (`--engines URL,URL`: running `vllm serve` rollout servers, DRAFTKIT_SWAP_SECRET in
+  the environment): at the start and after every tick, each engine that does not serve the
+  current draft gets it (serving/engines.py: pause with requests kept, native update, hash
+  check, resume, probe AL; a failed check puts that engine's previous draft back), and
+  `drafts/engines.json` records what each serves. An engine that refused a version is not
+  asked again until a newer one is published; an unreachable one is retried at every tick.
+  Failures are events (`engines_swap_failed`, naming each engine), never the end of the watch.
 """
 
 from __future__ import annotations
@@ -146,7 +153,7 @@ def _stat(f: Path) -> list[int] | None:
 
 class Watcher:
     def __init__(self, run_dir, checkpoints, rollouts, overrides=None, every=None,
-                 al_drop=None):
+                 al_drop=None, engines=None):
         self.run = config.run_dir_of(run_dir)
         self.overrides = list(overrides or [])
         self.cfg = config.load(self.run, self.overrides)
@@ -157,6 +164,7 @@ class Watcher:
             raise DraftkitError("watch needs a trigger: --every N (policy steps) and/or "
                                 "--al-drop X (fraction of AL lost)")
         self.ckpts, self.rollouts = Path(checkpoints), Path(rollouts)
+        self.engines = list(engines or [])
         self.store = DraftStore(self.run)
         self.state_path = self.store.root / "watch-state.json"
         self.log_path = self.store.root / "watch-log.jsonl"
@@ -319,6 +327,27 @@ class Watcher:
                 v["in_lineage"] = True
         return True
 
+    def sync_engines(self) -> None:
+        """Push the current draft to every engine that does not serve it (module doc)."""
+        from draftkit.serving import engines as eng
+
+        if not self.engines:
+            return
+        record = eng.read(self.store)["engines"]
+        current = self.store.current() or "export"
+        todo = [u for u in self.engines if not _settled(record.get(u) or {}, current)]
+        if not todo:
+            return
+        try:
+            res = eng.push(self.run, todo, None, self.overrides)
+            self.event("engines_swapped", version=current,
+                       engines={u: round(r["al"], 3) for u, r in res.items()})
+        except eng.EngineSwapError as e:
+            self.event("engines_swap_failed", version=current, detail=str(e)[:2000],
+                       engines={u: r["status"] for u, r in e.results.items()})
+        except DraftkitError as e:  # no probes, no secret, a failed version: say, go on
+            self.event("engines_swap_failed", version=current, detail=str(e)[:2000])
+
     def run_forever(self, once: bool = False) -> None:
         from draftkit.train.loop import Tracker
 
@@ -327,13 +356,15 @@ class Watcher:
         self.tracker = Tracker(self.cfg.tracking, f"{self.cfg.name}-watch", self.store.root,
                                self.cfg.to_dict(), True)
         self.event("started", checkpoints=str(self.ckpts), rollouts=str(self.rollouts),
-                   every=self.every, al_drop=self.al_drop)
+                   every=self.every, al_drop=self.al_drop, engines=self.engines)
         try:
+            self.sync_engines()
             while not self.stop:
                 try:
                     self.tick()
                 except Stopped as e:
                     self.event("refresh_interrupted", detail=str(e))
+                self.sync_engines()
                 if once:
                     break
                 deadline = time.monotonic() + self.cfg.refresh.poll_s
@@ -362,6 +393,13 @@ def _daemon_lock(root: Path) -> int:
     return fd
 
 
+def _settled(rec: dict, current: str) -> bool:
+    """The engine serves `current`, or refused it already (asked again for a newer one)."""
+    return (rec.get("status") == "serving" and rec.get("version") == current) or \
+        (rec.get("status") == "refused" and rec.get("refused") == current)
+
+
 def watch(run_dir, checkpoints, rollouts, overrides=None, every=None, al_drop=None,
-          once: bool = False) -> None:
-    Watcher(run_dir, checkpoints, rollouts, overrides, every, al_drop).run_forever(once)
+          once: bool = False, engines: list[str] | None = None) -> None:
+    Watcher(run_dir, checkpoints, rollouts, overrides, every, al_drop,
+            engines).run_forever(once)

@@ -1,0 +1,178 @@
+"""Push a run's draft to several rollout servers, and record what each one serves.
+
+    draftkit swap http://10.0.0.5:8000 http://10.0.0.6:8000 --draft runs/rl/drafts/current
+    draftkit watch runs/rl --checkpoints ckpts/ --rollouts rollouts/ --engines URL,URL
+
+Engines are swapped one after another (rollout.swap_engine: pause with requests kept, native
+update, hash check, resume, probe AL; a failed check puts that engine's previous draft back).
+`drafts/engines.json` (atomic) is rewritten after every engine:
+
+    {"engines": {"http://10.0.0.5:8000": {"version": "v0007", "directory": ".../v0007",
+                 "status": "serving", "al": 2.1, "swap_s": 0.4, "pause_s": 0.5, "time": ...},
+                 "http://10.0.0.6:8000": {"version": "v0006", "status": "refused",
+                 "refused": "v0007", "error": "...", "restored": true, ...}}}
+
+When one engine of several fails, each engine keeps and records its own version: the engines
+that passed serve the new draft, the one that failed serves its previous draft (restored and
+hash-checked) and says why. Rolling every engine back would trade the speed of the healthy
+ones for a fault that is usually the engine's own (its files, its memory), and would need as
+many more swaps, each able to fail. A draft that fails the check on every engine it reached is
+the draft's fault: the version is marked failed in the store and `current` goes back to the
+version the engines still serve (publish.py), so a restarted engine never loads it.
+
+The store and the engines never disagree silently: engines.json names each engine's version
+and status (`serving`, `refused`, `unknown` when a rollback did not restore or the engine could
+not be reached mid-swap, `unreachable`), every swap is an event in the refresh log, and
+`push` raises EngineSwapError naming every engine that does not serve the draft (the CLI exits
+non-zero). Transport failures decide nothing about the draft: nothing published changes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from draftkit.core import artifacts
+from draftkit.core.errors import DraftkitError
+from draftkit.rl.publish import DraftStore
+from draftkit.serving import rollout
+from draftkit.serving.drafter_swap import version_name
+
+ENGINES = "engines.json"
+
+
+class EngineSwapError(DraftkitError):
+    """Some engines do not serve the pushed draft; `results` has every engine's record."""
+
+    def __init__(self, message: str, results: dict):
+        super().__init__(message)
+        self.results = results
+
+
+def run_of(draft_dir: str | Path) -> Path:
+    """The run a draft dir belongs to: <run>/drafts/<vNNNN|current> or <run>/export."""
+    p = Path(draft_dir).absolute()
+    if p.parent.name == "drafts":
+        return p.parent.parent
+    if p.name == "export":
+        return p.parent
+    raise DraftkitError(f"--draft {draft_dir} is not a draft dir of a run: pass "
+                        "runs/NAME/drafts/current, runs/NAME/drafts/vNNNN or runs/NAME/export "
+                        "(the run gives the kind, the probe prompts and the check's threshold)")
+
+
+def read(store: DraftStore) -> dict:
+    path = store.root / ENGINES
+    return artifacts.read_json(path) if path.is_file() else {"engines": {}}
+
+
+def _write(store: DraftStore, record: dict) -> None:
+    store.root.mkdir(parents=True, exist_ok=True)
+    artifacts.write_json_atomic(store.root / ENGINES, record)
+
+
+def push(run_dir, urls: list[str], draft: str | Path | None = None,
+         overrides: list[str] | None = None, reload_held: bool = False) -> dict:
+    """Swap `draft` (default: the store's current draft) into every engine in `urls`, in
+    order, and record each (module doc). Returns {url: record}; raises EngineSwapError when
+    any engine does not serve it. `reload_held=False`: an engine already holding the draft's
+    tensors is checked, not reloaded (so a push after a sleep/wake reloads only lost drafts)."""
+    from draftkit.rl.refresher import DraftRefresher
+
+    if not urls:
+        raise DraftkitError("no engines to swap into: pass URL... (e.g. http://10.0.0.5:8000)")
+    rollout.secret()  # a missing secret fails before anything is read
+    refresher = DraftRefresher(run_dir, overrides)
+    store, cfg = refresher.store, refresher.cfg
+    directory = Path(os.path.realpath(draft or store.current_dir()))
+    version = store.version_of(directory) or version_name(directory)
+    if (failed := store.failure(version) if store.version_of(directory) else None):
+        raise DraftkitError(f"{version} is marked failed ({failed.get('reason', '')[:200]}); "
+                            "nothing was pushed. Refresh again, or push a good version")
+    probes = refresher.probes(store.version_of(directory))
+    candidates = [store.root / v for v in reversed(store.versions())]
+    candidates.append(artifacts.RunPaths(store.run).export)
+    results = {}
+    for url in urls:
+        results[url] = _one(store, url, directory, version, cfg, probes, candidates, reload_held)
+    _judge(store, version, results)
+    return results
+
+
+def _one(store, url, directory, version, cfg, probes, candidates, reload_held) -> dict:
+    rc, now = cfg.refresh, time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    try:
+        rep = rollout.swap_engine(url, directory, cfg.draft.kind, probes, rc.min_probe_al,
+                                  rc.probe_max_tokens, rc.engine_timeout_s, candidates,
+                                  version, reload_held)
+        rec = {"version": version, "directory": str(directory), "status": "serving",
+               "al": rep["al"], "swap_s": rep["swap_s"], "pause_s": rep["pause_s"],
+               "paused_at": rep.get("paused_at"), "loaded": rep["loaded"],
+               "transfer": rep["path"], "time": now}
+        store.log("engine_swapped", url=url, version=version, al=rep["al"],
+                  swap_s=rep["swap_s"], pause_s=rep["pause_s"], transfer=rep["path"])
+    except rollout.EngineError as e:
+        rec = _failed_record(store, url, version, e, now)
+    record = read(store)
+    record["engines"][url] = rec
+    _write(store, record)
+    return rec
+
+
+def _failed_record(store: DraftStore, url: str, version: str, e: rollout.EngineError,
+                   now: str) -> dict:
+    """What the engine serves after a failed swap, as far as it is known."""
+    old = read(store)["engines"].get(url, {})
+    if e.verdict == "transport":  # nothing decided; a mid-swap loss leaves it unknown
+        rec = {**old, "status": "unreachable", "error": str(e), "time": now}
+    elif e.restored is False:
+        rec = {"version": None, "directory": None, "status": "unknown", "refused": version,
+               "error": str(e), "restored": False, "time": now}
+    else:  # refused (nothing loaded) or failed/error with the previous draft back
+        prev = e.previous or old.get("directory")
+        rec = {"version": e.previous_version or (version_name(prev) if prev else None),
+               "directory": prev, "status": "refused", "refused": version, "verdict": e.verdict,
+               "error": str(e), "restored": e.restored, "time": now}
+    store.log("engine_swap_failed", url=url, version=version, verdict=e.verdict,
+              restored=e.restored, error=str(e)[:500])
+    return rec
+
+
+def _judge(store: DraftStore, version: str, results: dict) -> None:
+    """Every engine's check failed on the draft: mark it failed. Any engine not serving it:
+    EngineSwapError naming them."""
+    bad = {u: r for u, r in results.items() if r["status"] != "serving"}
+    if not bad:
+        return
+    checked = [r for r in results.values() if r.get("verdict") == "failed"]
+    if store.version_of(store.root / version) and len(checked) == len(results):
+        back = next((r["version"] for r in checked if r.get("restored")), None)
+        store.mark_failed(version, f"failed the check on every engine: "
+                          f"{next(iter(bad.values()))['error'][:300]}",
+                          back_to=back if back and back.startswith("v") else None,
+                          engines=list(results))
+    lines = "; ".join(f"{u}: {r['status']} ({r['error'][:300]})" for u, r in bad.items())
+    raise EngineSwapError(f"{len(bad)} of {len(results)} engines do not serve {version}: "
+                          f"{lines}. drafts/engines.json records what each one serves", results)
+
+
+def swap(urls: list[str], draft: str | Path, overrides: list[str] | None = None) -> dict:
+    """`draftkit swap URL... --draft DIR`: push and print one line per engine."""
+    try:
+        results = push(run_of(draft), urls, draft, overrides)
+    except EngineSwapError as e:
+        _print(e.results)
+        raise
+    _print(results)
+    return results
+
+
+def _print(results: dict) -> None:
+    for url, r in results.items():
+        if r["status"] == "serving":
+            print(f"{url}: serving {r['version']} (AL {r['al']:.2f}, swap {r['swap_s']:.2f} s, "
+                  f"paused {r['pause_s']:.2f} s, {r['transfer']})", flush=True)
+        else:
+            print(f"{url}: {r['status']} {r.get('refused', '')}, serves "
+                  f"{r.get('version') or 'unknown'}: {r.get('error', '')}", flush=True)
