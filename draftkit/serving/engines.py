@@ -108,7 +108,8 @@ def _one(store, url, directory, version, cfg, probes, candidates, reload_held) -
                                   version, reload_held)
         rec = {"version": version, "directory": str(directory), "status": "serving",
                "al": rep["al"], "swap_s": rep["swap_s"], "pause_s": rep["pause_s"],
-               "paused_at": rep.get("paused_at"), "loaded": rep["loaded"],
+               "probe_s": rep["probe_s"], "paused_at": rep.get("paused_at"),
+               "loaded": rep["loaded"],
                "transfer": rep["path"], "time": now}
         store.log("engine_swapped", url=url, version=version, al=rep["al"],
                   swap_s=rep["swap_s"], pause_s=rep["pause_s"], transfer=rep["path"])

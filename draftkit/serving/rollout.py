@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -161,11 +162,13 @@ def swap_engine(url: str, directory: str | Path, kind: str, probes: list[list[in
     body = {"directory": directory, "kind": kind, "version": version,
             "candidates": [os.path.realpath(c) for c in candidates], "reload_held": reload_held}
     report = _draftkit(url, "POST", "/swap", body, timeout)
+    t0 = time.perf_counter()
     try:
         probe = probe_al(url, probes, max_tokens, timeout)
     except EngineError as e:  # the draft is in, unjudged: put the previous one back
         raise _back(url, kind, report, f"the probe completions failed ({e})", timeout) from e
-    report.update({"al": probe["al"], "probe": probe, "min_al": min_al, "url": url})
+    report.update({"al": probe["al"], "probe": probe, "probe_s": time.perf_counter() - t0,
+                   "min_al": min_al, "url": url})
     if probe["al"] > min_al:
         return report
     raise _back(url, kind, report, f"probe AL {probe['al']:.3f} <= minimum {min_al} (the draft "
