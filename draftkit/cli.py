@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("init", help="scaffold runs/<name>/draftkit.yaml")
     q.add_argument("--target", required=True, help="registry name, hub id or local HF dir")
     q.add_argument("--data", required=True, help="data recipe name (data_recipes/*.yaml)")
-    q.add_argument("--draft", default="eagle3", help="draft kind: eagle3 | draft-lm (drafts/)")
+    q.add_argument("--draft", default="eagle3", help="draft kind: eagle3 | draft-lm | peagle | pard (drafts/)")
     q.add_argument("--k", type=int, default=None, help="speculative tokens per step")
     q.add_argument("--name", default=None)
     q.add_argument("--dir", default="runs", help="parent directory of run dirs")
