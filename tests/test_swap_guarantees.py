@@ -256,3 +256,27 @@ def test_observed_rollout_files_never_collide_across_restarts(tmp_path, tiny_tar
     assert len(set(paths)) == 3 and first.pending[0].read_text() == text
     assert all(p.name.startswith("step-00000007-") for p in paths)
     assert not list(paths[0].parent.glob(".*.tmp"))  # no temp file left behind
+
+
+def test_a_reload_refreshes_the_cached_mask_state_of_a_parallel_eagle_drafter():
+    """vLLM caches fc(mask_hidden) for P-EAGLE's mask slots once, at load; after an in-place
+    reload the worker recomputes it from the new mask_hidden (every other drafter: no-op)."""
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    fc = torch.nn.Linear(6, 2, bias=False)
+    model = SimpleNamespace(mask_hidden=torch.randn(1, 6),
+                            combine_hidden_states=fc)  # [A*H=6] -> [H=2]
+    drafter = SimpleNamespace(model=model, pass_hidden_states_to_model=True,
+                              eagle3_use_aux_hidden_state=True,
+                              parallel_drafting_hidden_state_tensor=torch.zeros(2))
+    worker = SimpleNamespace(model_runner=SimpleNamespace(drafter=drafter))
+    sync = drafter_swap.DrafterSwap.draftkit_sync_parallel_hidden
+    model.mask_hidden = torch.randn(1, 6)  # what a reload put in place
+    assert sync(worker)
+    with torch.no_grad():
+        want = fc(model.mask_hidden.view(-1))
+    assert torch.equal(drafter.parallel_drafting_hidden_state_tensor, want)
+    plain = SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace(
+        model=SimpleNamespace(), parallel_drafting_hidden_state_tensor=None)))
+    assert not sync(plain)

@@ -148,6 +148,23 @@ class DrafterSwap:
         return time.perf_counter() - t0
 
     @torch.no_grad()
+    def draftkit_sync_parallel_hidden(self) -> bool:
+        """A P-EAGLE drafter's mask slots read `parallel_drafting_hidden_state_tensor`, which
+        vLLM computes from `mask_hidden` once, in the proposer's load_model (fc over the aux
+        states for EAGLE-3): an in-place reload leaves it stale. Recompute it as load_model
+        does; False where the drafter has none (every other kind)."""
+        drafter = self.model_runner.drafter
+        cached = getattr(drafter, "parallel_drafting_hidden_state_tensor", None)
+        model = drafter.model
+        if cached is None or not getattr(drafter, "pass_hidden_states_to_model", False) \
+                or not hasattr(model, "mask_hidden"):
+            return False
+        flat = model.mask_hidden.view(-1)  # [A*H] the learned aux states of a mask slot
+        cached.copy_(model.combine_hidden_states(flat)
+                     if getattr(drafter, "eagle3_use_aux_hidden_state", False) else flat)
+        return True
+
+    @torch.no_grad()
     def draftkit_drafter_hashes(self) -> dict[str, list[str]]:
         from vllm.model_executor.layers.linear import LinearBase
 
@@ -193,6 +210,7 @@ def load(llm, directory: str | Path, version: str | None = None) -> float:
         native_load(llm, directory, version)
     else:
         llm.collective_rpc("draftkit_load_drafter", args=(str(directory),))
+    llm.collective_rpc("draftkit_sync_parallel_hidden")  # P-EAGLE's cached mask state
     return time.perf_counter() - t0
 
 
