@@ -62,10 +62,11 @@ def measure(cfg, export: Path, prompts: dict[str, list[list[int]]], temps: list[
             batch: int) -> list[dict]:
     """One engine per ROWS entry, each serving every split at every temperature
     (_bench.serve_splits); rows carry eval/stage.row's counters + speedup vs none."""
+    from draftkit.drafts import kind as kinds
     from draftkit.serving import vllm_engine
 
     k = cfg.draft.num_speculative_tokens
-    kind = "eagle3" if cfg.draft.kind == "eagle3" else "draft_model"
+    kind = kinds.of(cfg).method  # how vLLM serves the run's draft kind
     rows = []
     for who, sample in ROWS:
         method = kind if who == "draft" else who
