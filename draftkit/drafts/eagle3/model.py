@@ -286,19 +286,25 @@ class Eagle3Draft(nn.Module):
         for j in range(self.ttt_steps):
             cos, sin = self.rotary(positions + j, hidden.dtype)  # position t+j
             embeds = self.embed_tokens(losses.shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
-            prenorm = hidden
-            for n, layer in enumerate(self.layers):
-                q, k, v, residual = layer.begin(embeds, prenorm, cos, sin)
-                keys[n].append(k)
-                values[n].append(v)
-                out = layer.self_attn.attend(q, torch.cat(keys[n], dim=2),
-                                             torch.cat(values[n], dim=2),
-                                             mask[..., : (j + 1) * t])  # keys [B,nKV,(j+1)T,hd]
-                prenorm = layer.end(out, residual)  # [B, T, H]
+            prenorm = self.ttt_layers(embeds, hidden, cos, sin, keys, values, mask[..., : (j + 1) * t])
             post = self.norm(prenorm)
             states.append(post)
             hidden = post if self.spec.norm_output else prenorm  # next step's hidden
         return states
+
+    def ttt_layers(self, embeds: torch.Tensor, prenorm: torch.Tensor, cos, sin,
+                   keys: list[list], values: list[list], mask: torch.Tensor) -> torch.Tensor:
+        """One TTT step through the decoder layers: its K/V are appended to each layer's
+        `keys`/`values` (steps 0..j), its queries attend to them under `mask` [B, 1, T, (j+1)T];
+        returns the step's pre-norm state [B, T, H]."""
+        for n, layer in enumerate(self.layers):
+            q, k, v, residual = layer.begin(embeds, prenorm, cos, sin)
+            keys[n].append(k)
+            values[n].append(v)
+            out = layer.self_attn.attend(q, torch.cat(keys[n], dim=2),
+                                         torch.cat(values[n], dim=2), mask)  # keys [B,nKV,(j+1)T,hd]
+            prenorm = layer.end(out, residual)  # [B, T, H]
+        return prenorm
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
         """TTT loss over a padded batch: aux [B,T,A*Ht], last [B,T,H], input_ids [B,T],

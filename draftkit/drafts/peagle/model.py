@@ -123,14 +123,8 @@ class PEagleDraft(Eagle3Draft):
             else:  # slot j: nothing of the draft's own earlier outputs
                 embeds, prenorm = mask_embed, mask_hidden
             cos, sin = self.rotary(positions + j, prenorm.dtype)  # position t+j
-            for n, layer in enumerate(self.layers):
-                q, k, v, residual = layer.begin(embeds, prenorm, cos, sin)
-                keys[n].append(k)
-                values[n].append(v)
-                out = layer.self_attn.attend(q, torch.cat(keys[n], dim=2),
-                                             torch.cat(values[n], dim=2),
-                                             mask[..., : (j + 1) * t])  # keys [B,nKV,(j+1)T,hd]
-                prenorm = layer.end(out, residual)  # [B, T, H]
+            prenorm = self.ttt_layers(embeds, prenorm, cos, sin, keys, values,
+                                      mask[..., : (j + 1) * t])
             states.append(self.norm(prenorm))
         return states
 
