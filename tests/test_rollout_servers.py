@@ -132,7 +132,8 @@ def _fake_swaps(monkeypatch, verdicts: dict):
                     version, reload_held):
         assert probes == [[1, 2, 3], [4, 5, 6]] and min_al > 1.0
         if verdicts[url] is None:
-            return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "loaded": True, "path": "native"}
+            return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
+                    "path": "native"}
         raise rollout.EngineError(url, "probe AL 1.000 <= minimum 1.2", verdicts[url], True,
                                   str(directory).replace("v0002", "v0001"), "v0001")
     monkeypatch.setattr(rollout, "swap_engine", swap_engine)
