@@ -39,7 +39,8 @@ SMOKE = {"batch": "1,8", "prompts": 4, "latency_prompts": 2, "max_new_tokens": 2
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, help="the demo run (its export is the first draft)")
-    p.add_argument("--drafts", default="", help="more runs with an export, comma-separated")
+    p.add_argument("--drafts", default="",
+                   help="more runs with an export, comma-separated; RUN:1/3 gives a run its own k")
     p.add_argument("--k", type=int, default=3, help="k of n-gram and suffix decoding")
     p.add_argument("--draft-k", default="1,2,3", help="k values each draft is measured at")
     p.add_argument("--temperature", default="0,1")
@@ -68,14 +69,15 @@ def main() -> int:
     cfg.eval.k_values = sorted({args.k, *_ints(args.draft_k)})  # engines sized for the largest
     prompts = splits.build(args.run, cfg, max(args.prompts, args.latency_prompts))
     engines = [("none", "none", None, None), *((m, m, args.k, None) for m in FREE)]
-    for run in [args.run, *(r for r in args.drafts.split(",") if r)]:
+    for entry in [args.run, *(r for r in args.drafts.split(",") if r)]:
+        run, _, ks = entry.partition(":")  # RUN or RUN:K1/K2 (its own k values)
         opened = config.open_run(run)
         kind = kinds.of(opened.cfg)
         if not (opened.export_dir / "config.json").is_file():
             print(f"error: {run} has no export; run `draftkit export {run}`", file=sys.stderr)
             return 2
         engines += [(f"{Path(run).name} ({kind.name})", kind.method, k, opened.export_dir)
-                    for k in _ints(args.draft_k)]
+                    for k in (_ints(ks.replace("/", ",")) if ks else _ints(args.draft_k))]
     t0 = time.perf_counter()
     rows = []
     for label, method, k, export in engines:
