@@ -20,6 +20,7 @@ from draftkit.drafts.kind import device_of, fuse_projections, register
 
 class DraftLMKind:
     name, method = "draft-lm", "draft_model"
+    model_cls = DraftLM  # what `load` wraps the published LM in (PARD: PardLM)
 
     # ----------------------------------------------------------------- init, train
 
@@ -79,9 +80,9 @@ class DraftLMKind:
 
         lm, _ = load_lm(Path(directory))
         base = getattr(policy_model, "model", policy_model)
-        return DraftLM(lm, base.norm.weight, policy_model.lm_head.weight,
-                       float(policy_model.config.rms_norm_eps), k).float().to(
-                           device_of(policy_model))
+        return self.model_cls(lm, base.norm.weight, policy_model.lm_head.weight,
+                              float(policy_model.config.rms_norm_eps), k).float().to(
+                                  device_of(policy_model))
 
     def features(self, model, policy_model, input_ids: torch.Tensor,
                  attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -18,12 +18,13 @@ import torch
 
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.draft_lm.kind import DraftLMKind
-from draftkit.drafts.kind import device_of, register
+from draftkit.drafts.kind import register
 from draftkit.drafts.pard.model import PardLM
 
 
 class PardKind(DraftLMKind):
     name, method = "pard", "draft_model"
+    model_cls = PardLM  # `load` (DraftLMKind's) wraps the published LM in it
 
     # ----------------------------------------------------------------- init, train
 
@@ -68,14 +69,6 @@ class PardKind(DraftLMKind):
 
     # ----------------------------------------------------------------- refresh
 
-    def load(self, directory: Path, policy_model, k: int) -> PardLM:
-        from draftkit.drafts.draft_lm.build import load_lm
-
-        lm, _ = load_lm(Path(directory))
-        base = getattr(policy_model, "model", policy_model)
-        return PardLM(lm, base.norm.weight, policy_model.lm_head.weight,
-                      float(policy_model.config.rms_norm_eps), k).float().to(
-                          device_of(policy_model))
 
     # features: the draft-lm kind's {"last"}
 
