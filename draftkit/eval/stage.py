@@ -73,6 +73,8 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     check_settings(cfg)
     export_dir = check_export(run)
     prompts = load_prompts(paths.data, cfg.eval.num_prompts)
+    if cfg.eval.engine in ("vllm", "both"):
+        check_batches(cfg, prompts)
     rep = header(cfg, paths.root, export_dir, prompts)
     timings: dict[str, float] = {}
     if cfg.eval.engine in ("vllm", "both"):
@@ -100,7 +102,8 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     timings["total_s"] = time.perf_counter() - t0
     rep["timings"] = timings
     if "vllm" in rep:  # the method and k to serve per batch size, from these rows
-        rep["choice"] = choice.choose(rep["vllm"]["rows"], cfg.eval.choice_margin)
+        rep["choice"] = choice.choose(rep["vllm"]["rows"], cfg.eval.choice_margin,
+                                      cfg.eval.choice_temperature)
     report.write(rep, cfg, paths)
     if "choice" in rep:  # where export finds it again, and into the export it measured
         rep["choice"] = choice.save(rep, cfg, paths.eval, export_dir)
@@ -126,9 +129,24 @@ def check_settings(cfg) -> None:
     if not 0 <= e.choice_margin < 1:
         raise DraftkitError(f"eval.choice_margin={e.choice_margin}: a fraction in [0, 1), e.g. "
                             "0.02 (within 2% of the fastest the simpler method is chosen)")
+    if e.choice_temperature < 0:
+        raise DraftkitError(f"eval.choice_temperature={e.choice_temperature} must be >= 0 (the "
+                            "temperature whose speed decides the serving choice; RL: 1.0)")
     if e.latency_prompts < 0:
         raise DraftkitError(f"eval.latency_prompts={e.latency_prompts}: use 0 (every eval "
                             "prompt) or the number of prompts the batch-1 rows serve")
+
+
+def check_batches(cfg, prompts: list[list[int]]) -> None:
+    """A batch-b row must run b sequences at once: refuse batch sizes above the eval prompts
+    (the serving choice would take a smaller batch's speed for that one)."""
+    over = [b for b in cfg.eval.batch_sizes if b > len(prompts)]
+    if over:
+        raise DraftkitError(
+            f"eval.batch_sizes {over} exceed the {len(prompts)} eval prompts: a batch of "
+            f"{max(over)} needs {max(over)} prompts. Raise eval.num_prompts (and data.eval_samples "
+            f"if the held-out split is smaller), or drop those batch sizes (\"eval.batch_sizes=["
+            f"{','.join(str(b) for b in cfg.eval.batch_sizes if b <= len(prompts))}]\")")
 
 
 def check_export(run: Run) -> Path:

