@@ -1,8 +1,6 @@
-"""Benchmark (#15): what deduplication could remove from a run's prepared data. For every train
-conversation, the highest word-5-gram Jaccard similarity to any other one, measured on the
-prompt, on the answer, and on the prompt with its numbers masked (the template's skeleton);
-for every eval prompt, the same against the train prompts (how unseen the held-out split is).
-Exact duplicate prompts are already dropped by prepare (data/stats.json counts them).
+"""Benchmark (#15): what deduplication could remove from a run's prepared data: near-duplicate
+prompts, answers and template skeletons by word-5-gram Jaccard similarity
+(benchmarks/learning/dedup.py).
 
     python scripts/bench_dedup.py --run runs/demo
 
@@ -12,110 +10,32 @@ Writes results/bench_dedup.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
-import _bench  # noqa: E402
-
-THRESHOLDS = (0.5, 0.7, 0.9)
-N = 5  # word n-gram size
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+from benchmarks import report  # noqa: E402
+from benchmarks.learning import dedup  # noqa: E402
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", default="runs/demo", help="a run with data/ prepared")
     p.add_argument("--out", default="results")
-    args = p.parse_args()
+    return p
 
-    import datasets
 
-    from draftkit.core import artifacts
-
-    run = _bench.prepared_run(args.run)
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    run = report.prepared_run(args.run)
     if run is None:
         return 2
-    train = [json.loads(m) for m in datasets.load_from_disk(str(run / "data" / "train"))["messages"]]
-    evals = [json.loads(m) for m in datasets.load_from_disk(str(run / "data" / "eval"))["messages"]]
-    stats = artifacts.read_json(run / "data" / "stats.json")
-    views = {"prompt": _prompt, "answer": _answer, "prompt skeleton (numbers masked)": _skeleton}
-    sets = {name: [_shingles(f(c)) for c in train] for name, f in views.items()}
-    best = {name: _nearest(s) for name, s in sets.items()}
-    best["eval prompt skeleton vs train"] = [
-        max(_jaccard(_shingles(_skeleton(c)), t) for t in sets["prompt skeleton (numbers masked)"])
-        for c in evals]
-    dropped = {name: s.get("dropped", {}) for name, s in stats["load"]["sources"].items()
-               if "dropped" in s}
-    bench = {"run": str(run), "train": len(train), "eval": len(evals), "ngram": N,
-             "exact_duplicates_dropped_by_prepare": dropped,
-             "views": {name: {"max_jaccard": [round(x, 3) for x in xs],
-                              "at_least": {str(t): sum(x >= t for x in xs) for t in THRESHOLDS}}
-                       for name, xs in best.items()}}
-    md = markdown(bench)
-    _bench.write_report(Path(args.out), "bench_dedup", bench, md, lambda path: plot(bench, path))
+    bench = dedup.measure(run)
+    md = dedup.markdown(bench)
+    report.write_report(Path(args.out), "bench_dedup", bench, md,
+                        lambda path: dedup.plot(bench, path))
     print(md)
     return 0
-
-
-def _prompt(conv: list[dict]) -> str:
-    return next(m["content"] for m in conv if m["role"] == "user")
-
-
-def _answer(conv: list[dict]) -> str:
-    return " ".join(m["content"] for m in conv if m["role"] == "assistant")
-
-
-def _skeleton(conv: list[dict]) -> str:
-    return re.sub(r"\d+", "#", _prompt(conv))
-
-
-def _shingles(text: str) -> frozenset:
-    words = re.findall(r"[a-z]+|\d+|#", text.lower())
-    return frozenset(tuple(words[i:i + N]) for i in range(max(1, len(words) - N + 1)))
-
-
-def _jaccard(a: frozenset, b: frozenset) -> float:
-    return len(a & b) / len(a | b) if a | b else 0.0
-
-
-def _nearest(sets: list[frozenset]) -> list[float]:
-    """Per item, the highest Jaccard similarity to any other item (quadratic: fine at 1e3)."""
-    return [max((_jaccard(a, b) for j, b in enumerate(sets) if j != i), default=0.0)
-            for i, a in enumerate(sets)]
-
-
-def markdown(bench: dict) -> str:
-    n = {"eval prompt skeleton vs train": bench["eval"]}
-    lines = [f"# Near-duplicates in {bench['run']}'s prepared data", "",
-             f"{bench['train']} train conversations, {bench['eval']} eval prompts; word "
-             f"{bench['ngram']}-gram Jaccard similarity to the nearest other item. Exact "
-             f"duplicate prompts dropped by prepare: {bench['exact_duplicates_dropped_by_prepare']}.",
-             "", "| view | " + " | ".join(f">= {t}" for t in THRESHOLDS) + " |",
-             "|---" * (len(THRESHOLDS) + 1) + "|"]
-    for name, v in bench["views"].items():
-        total = n.get(name, bench["train"])
-        lines.append(f"| {name} | " + " | ".join(
-            f"{v['at_least'][str(t)]} of {total}" for t in THRESHOLDS) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(bench: dict, path: Path) -> None:
-    """Cumulative share of items against their nearest neighbour's similarity, one line per view."""
-    plt = _bench.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, v in bench["views"].items():
-        xs = sorted(v["max_jaccard"])
-        ax.plot(xs, [1 - i / len(xs) for i in range(len(xs))], label=name)
-    ax.set_xlabel(f"Jaccard similarity to the nearest other item (word {bench['ngram']}-grams)")
-    ax.set_ylabel("share of items at or above")
-    ax.set_title(f"Near-duplicates in {bench['run']}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

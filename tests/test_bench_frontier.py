@@ -1,5 +1,5 @@
-"""scripts/bench_frontier.py: the cost of each bench_learning setting, the AL frontier over cost,
-its log-linear fit and projections, on hand-built bench JSONs."""
+"""benchmarks/learning/frontier.py (scripts/bench_frontier.py): the cost of each bench_learning
+setting, the AL frontier over cost, its log-linear fit and projections, on hand-built JSONs."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import math
 import pytest
 from _runs import script
 
-frontier_mod = script("bench_frontier")
+from benchmarks.learning import frontier as frontier_mod
 
 
 def _rows(setting: str, als: dict[str, float], method: str = "eagle3", tokens: int = 100) -> list:
@@ -85,18 +85,16 @@ def test_fit_that_never_rises_projects_nothing():
     assert math.isclose(frontier_mod.cpu_for({"a": 0.0, "per_doubling": 1.0}, 3.0), 8.0)
 
 
-def test_main_writes_the_report(tmp_path, monkeypatch, capsys):
+def test_main_writes_the_report(tmp_path, capsys):
     a = _bench("runs/src", {"baseline": _setting("source", 300, 100, 200),
                             "big": _setting("own", 700, 300, 2000)},
                {"baseline": _als(1.8, 2.0), "big": _als(2.0, 2.3)})
     path = tmp_path / "a.json"
     path.write_text(json.dumps(a))
-    monkeypatch.setattr("sys.argv", ["bench_frontier", str(path), "--like", str(path),
-                                     "--out", str(tmp_path / "out")])
-    assert frontier_mod.main() == 0
+    driver = script("bench_frontier")  # the thin driver: its flags, then the report
+    assert driver.main([str(path), "--like", str(path), "--out", str(tmp_path / "out")]) == 0
     saved = json.loads((tmp_path / "out" / "bench_frontier.json").read_text())
     assert saved["splits"]["unseen-templates"]["fit"]["per_doubling"] == pytest.approx(0.1)
     assert (tmp_path / "out" / "bench_frontier.png").stat().st_size > 0
-    monkeypatch.setattr("sys.argv", ["bench_frontier", "--like", str(tmp_path / "missing.json")])
-    assert frontier_mod.main() == 2
+    assert driver.main(["--like", str(tmp_path / "missing.json")]) == 2
     assert "cannot read a bench_learning JSON" in capsys.readouterr().err

@@ -1,13 +1,15 @@
 """scripts/demo.py's budget: every override is a valid config key of the smollm2 run, and the
 bigger data applies only where `auto` resolves to bf16 (fp32-only CPUs keep the small one), the
-biggest where bf16 runs on AMX tiles. Every bench_learning.py setting is a valid override set;
-bench_vocab.py counts the answer tokens a draft vocab cannot propose."""
+biggest where bf16 runs on AMX tiles. Every bench_learning setting (benchmarks/learning/levers.py)
+is a valid override set; benchmarks/learning/vocab.py counts the answer tokens a draft vocab
+cannot propose, misses.py classifies the head's misses."""
 
 from __future__ import annotations
 
 import pytest
 from _runs import script
 
+from benchmarks.learning import levers, misses, vocab
 from draftkit.core import config, hardware
 from draftkit.init.stage import resolve
 
@@ -31,6 +33,10 @@ def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags,
     assert (cfg.data.max_samples, cfg.train.epochs, cfg.eval.num_prompts) == (samples, epochs,
                                                                               prompts)
     assert cfg.eval.splits == ["seen-templates", "hand-written"] and not cfg.export.check
+    # the serving choice must hold at RL's T=1 as at T=0; every batch has its eval prompts
+    assert cfg.eval.temperatures == [0.0, 1.0] and len(cfg.eval.k_values) == 1
+    assert max(cfg.eval.batch_sizes) <= cfg.eval.num_prompts and 8 in cfg.eval.batch_sizes
+    assert cfg.eval.latency_prompts <= cfg.eval.num_prompts
     full = resolve("smollm2-135m", "math", overrides=demo.demo_overrides("full"))
     assert (full.data.max_samples, full.data.self_instruct, full.data.substitute_copies,
             full.train.epochs) == (1000, 120, 2, 5)
@@ -40,13 +46,13 @@ def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags,
 
 def test_demo_full_tier_is_the_measured_bench_learning_recipe(demo):
     # The figures (README, docs/benchmarks.md) for `--tier full` come from bench_learning's `sub-2-e5` on `data-1120`
-    bench = script("bench_learning")
+    bench = levers
     assert demo.FULL_OVERRIDES == [*bench.DATA_SETTINGS["data-1120"],
                                    *bench.REUSE_SETTINGS["sub-2-e5"]]
 
 
 def test_every_bench_learning_setting_is_a_valid_override_set():
-    bench = script("bench_learning")
+    bench = levers
     settings = {**bench.SETTINGS, **bench.OWN_STAGES}
     assert set(bench.DATA_SETTINGS) | set(bench.HARVEST_SETTINGS) | set(
         bench.REUSE_SETTINGS) == set(bench.OWN_STAGES)
@@ -65,7 +71,7 @@ def test_bench_vocab_counts_answer_tokens_outside_the_draft_vocab():
     t2d = DraftVocab.build(torch.tensor([0, 5, 4, 3, 0, 0, 2, 1]), 3, must_include=[7]).t2d
     assert t2d.nonzero().flatten().tolist() == [1, 2, 7]
     # answers (mask 1): [3, 2, 5] and [6, 1, 7]; 3, 5, 6 are outside, 3 and 6 in their prompt
-    got = script("bench_vocab").coverage(
+    got = vocab.coverage(
         [[3, 9, 3, 2, 5], [6, 4, 6, 1, 7]], [[0, 0, 1, 1, 1], [0, 0, 1, 1, 1]],
         [[3, 9], [6, 4]], t2d)
     assert got == {"tokens": 6, "outside": 3, "outside_share": 0.5, "outside_in_prompt": 2}
@@ -76,7 +82,7 @@ def test_bench_misses_classifies_each_counted_target_token():
     # Counted t: loss_mask[t + 2] set, t = 2..6; want[t] is the token the verifier wants there
     ids, mask = [1, 7, 3, 9, 5, 7, 5, 8, 3], [0, 0, 0, 0, 1, 1, 1, 1, 1]
     want = [0, 0, 7, 5, 4, 8, 3, 0, 0]
-    got = script("bench_misses").classify(ids, mask, want, {3, 8})
+    got = misses.classify(ids, mask, want, {3, 8})
     # t=2: 7 in prompt; t=3: 5, the answer so far is [5] -> earlier; t=4: 4 -> new;
     # t=5: 8 is a digit, not in the prompt; t=6: 3 is a digit of the prompt
     assert got == ["in prompt", "earlier in answer", "new", "digit not in prompt",
