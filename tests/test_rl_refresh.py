@@ -218,7 +218,7 @@ def test_a_torn_log_line_is_skipped_with_a_warning(tmp_path):
     assert [e["job"] for e in events] == ["a", "b", "c"]
 
 
-def test_a_missing_replay_file_is_an_error_naming_it(setup, tmp_path):
+def test_a_missing_replay_file_is_skipped_and_named_in_the_lineage(setup, tmp_path):
     run = tmp_path / "replay-run"  # a copy whose newest version trained on a file now gone
     shutil.copytree(setup["run"], run, symlinks=True)
     store = DraftStore(run)
@@ -227,6 +227,8 @@ def test_a_missing_replay_file_is_an_error_naming_it(setup, tmp_path):
     gone = tmp_path / "gone.jsonl"
     lin["rollouts"] = [{"path": str(gone), "sha256": "0" * 64}]
     (store.root / newest / "lineage.json").write_text(json.dumps(lin))
-    with pytest.raises(DraftkitError, match=r"gone\.jsonl.*refresh\.replay=0"):
-        refresh(run, setup["policy"], [setup["r1"]], [*FAST, "refresh.replay=4",
-                                                      "refresh.seed=13"])
+    res = refresh(run, setup["policy"], [setup["r1"]], [*FAST, "refresh.replay=4",
+                                                        "refresh.seed=13"])
+    assert res["status"] in ("published", "rejected")  # issue 44: replay what is there
+    skipped = res["lineage"]["replay"]["skipped"]
+    assert [s["path"] for s in skipped] == [str(gone)] and skipped[0]["why"].startswith("gone")

@@ -13,7 +13,8 @@ are cut and counted); hold out a deterministic `refresh.heldout_fraction` of the
 the held-out rows give fewer than `refresh.min_heldout_starts` draft starts; add up to
 `refresh.replay` rows of the rollouts earlier refreshes trained on (their features recaptured
 with the new policy; rows of held-out prompts left out; a replay file that is gone or changed
-is an error); load the current draft with the policy's frozen parts; estimate its AL on the
+is skipped with a warning, named in the lineage's `replay.skipped`); load the current draft
+with the policy's frozen parts; estimate its AL on the
 held-out rows (drift.py); capture the policy's features on the train + replay rows
 (`refresh.capture`: online in RAM, or harvest shards under drafts/.capture/<job>/ that a rerun
 reuses; capture.py); fine-tune within the budget; estimate again; publish if AL rose by more
@@ -64,31 +65,36 @@ def draft_starts(rows: list[rollouts.Rollout]) -> int:
 
 
 def replay_rows(store: DraftStore, exclude: set[str], n: int, tok, vocab: int, max_len: int,
-                stats: rollouts.ReadStats | None = None) -> tuple[list, list[str]]:
-    """Up to n rows of rollout files earlier versions trained on (newest version first). A
-    file a lineage names must still be there, unchanged: else DraftkitError naming it."""
-    rows, files = [], []
+                stats: rollouts.ReadStats | None = None) -> tuple[list, list[str], list[dict]]:
+    """(rows, files read, files skipped): up to n rows of rollout files earlier versions trained
+    on (newest version first). A file a lineage names that is gone (retention) or changed (a
+    writer appended) is skipped with a warning, [{"path", "version", "why"}], and replay goes
+    on with what is there."""
+    rows, files, skipped = [], [], []
     for version in reversed(store.versions()):
         for f in store.lineage(version).get("rollouts", []):
             path = f["path"]
-            if len(rows) >= n or {path, f["sha256"]} & exclude or path in files:
+            seen = path in files or any(s["path"] == path for s in skipped)
+            if len(rows) >= n or {path, f["sha256"]} & exclude or seen:
                 continue
-            _check_replay_file(version, f)
+            if (why := _replay_problem(version, f)) is not None:
+                print(f"refresh: replay skips {path}: {why}")
+                skipped.append({"path": path, "version": version, "why": why})
+                continue
             files.append(path)
             exclude.add(f["sha256"])
             rows += rollouts.read_rollouts([path], tok, vocab, max_len, stats=stats)
-    return rows[:n], files
+    return rows[:n], files, skipped
 
 
-def _check_replay_file(version: str, f: dict) -> None:
-    fix = ("restore it (lineages name rollout files by path and sha256), or set "
-           "refresh.replay=0 to refresh without replay")
+def _replay_problem(version: str, f: dict) -> str | None:
     if not Path(f["path"]).is_file():
-        raise DraftkitError(f"replay: {version}'s lineage names rollout file {f['path']}, "
-                            f"which is gone; {fix}")
+        return (f"gone: {version}'s lineage names it (by path and sha256); restore it to "
+                "replay its rows")
     if artifacts.sha256_file(f["path"]) != f["sha256"]:
-        raise DraftkitError(f"replay: rollout file {f['path']} changed since {version} "
-                            f"trained on it (sha256 differs); {fix}")
+        return (f"changed: its sha256 differs from the one {version} trained on (rows were "
+                "added or edited); write new rows to new files")
+    return None
 
 
 @dataclass
@@ -154,7 +160,8 @@ def _read_rows(j: Job) -> Rows:
     train, held = heldout_split(rows, rc.heldout_fraction)
     exclude = {d["path"] for d in j.digests} | {d["sha256"] for d in j.digests}
     rstats = rollouts.ReadStats()
-    replay, files = replay_rows(j.store, exclude, rc.replay, tok, vocab, rc.max_seq_len, rstats)
+    replay, files, skipped = replay_rows(j.store, exclude, rc.replay, tok, vocab,
+                                         rc.max_seq_len, rstats)
     held_prompts = {rollouts.prompt_key(r) for r in held}
     kept = [r for r in replay if rollouts.prompt_key(r) not in held_prompts]
     if stats.cut:
@@ -165,7 +172,7 @@ def _read_rows(j: Job) -> Rows:
             "heldout_prompts": len(held_prompts), "heldout_starts": draft_starts(held),
             "cut": stats.cut, "cut_tokens": stats.cut_tokens,
             "dropped": {"duplicate_rows": n_dup, **j.dropped}}
-    replay_info = {"rows": len(kept), "files": files, "cut": rstats.cut,
+    replay_info = {"rows": len(kept), "files": files, "skipped": skipped, "cut": rstats.cut,
                    "dropped_heldout_prompts": len(replay) - len(kept)}
     return Rows(train, held, kept, info, replay_info)
 

@@ -7,6 +7,8 @@
       current -> v0002              os.replace of a fresh symlink: readers see old or new, never none
       refresh-log.jsonl             one event per line (published, rejected, resumed, ...)
       .lock                         flock: one refresh at a time (released when the process dies)
+      .push.lock                    flock: one push into rollout servers at a time (it waits)
+      engines.json                  what each rollout server serves (write_record: atomic, synced)
 
 A version dir is built under a temp name and renamed when complete (lineage.json inside), so a
 crash leaves either nothing or a whole version. A version carries its job key (a hash of the
@@ -20,7 +22,9 @@ is marked failed (`mark_failed`: `failed.json` written atomically, a `failed` lo
 than it, else none: the export). `set_current` refuses a failed version, so a failed version
 is never what a restarted engine loads. Parent of the next refresh: `parent()` (= `current()`
 once `mark_failed` has returned; it also skips a failed `current` left by a crash between the
-marker and the move back). Limit: `mark_failed` does not take the refresh lock; a refresh that
+marker and the move back), and `recover()` moves such a `current` back when a refresher, a
+watch or a push starts. A version's files are synced to disk before its lineage.json is
+written. Limit: `mark_failed` does not take the refresh lock; a refresh that
 chose the failed version as its parent before the mark still publishes its child.
 """
 
@@ -236,13 +240,73 @@ class DraftStore:
                 shutil.rmtree(p, ignore_errors=True)
 
     def publish(self, version: str, write, lineage: dict) -> Path:
-        """Build `version` with write(tmp_dir, final_dir), then lineage.json, then rename."""
+        """Build `version` with write(tmp_dir, final_dir), sync its files to disk, then write
+        lineage.json (what makes it a version), then rename: a crash never leaves a version
+        whose lineage is on disk and whose weights are not."""
         final = self.root / version
         with artifacts.atomic_dir(final) as tmp:
             write(tmp, final)
+            for f in sorted(tmp.rglob("*")):
+                if f.is_file() and not f.is_symlink():
+                    _fsync_file(f)
+            _fsync_dir(tmp)
             artifacts.write_json_atomic(tmp / LINEAGE, lineage)
+            _fsync_dir(tmp)
         _fsync_dir(self.root)
         return final
+
+    def recover(self) -> str | None:
+        """On start: a `current` left on a version marked failed (a crash between failed.json
+        and the move back) moves back now (a `recovered` event). Returns the current version."""
+        current = self.current_link.is_symlink() and self.current()
+        if current and self.failure(current) is not None:
+            back = self._good_before(current)
+            self._point_current(back)
+            self.log("recovered", version=current, current=back,
+                     reason="current was left on a version marked failed")
+        return self.current()
+
+    def write_record(self, name: str, record: dict) -> None:
+        """A JSON record of the store (engines.json): atomic, and the rename synced."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        artifacts.write_json_atomic(self.root / name, record)
+        _fsync_dir(self.root)
+
+    @contextlib.contextmanager
+    def push_lock(self, timeout: float = 600.0) -> Iterator[None]:
+        """Exclusive, waiting up to `timeout` s: one push into rollout servers (and its
+        engines.json update) at a time per run, across processes (flock, released when the
+        process dies)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / ".push.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        holder = path.read_text().strip() or "unknown"
+                        raise DraftkitError(
+                            f"another push into the rollout servers of {self.run} holds "
+                            f"{path} (pid {holder}) after {timeout:g}s; nothing was pushed. "
+                            "Push again when it is done") from None
+                    time.sleep(0.05)
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            yield
+        finally:
+            os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -20,8 +20,10 @@ replay them). The reference AL for `al_drop` is the first engine AL observed aft
 `swap_into` always runs the probe check: with no probes given, `probes()` takes prompts of the
 rollouts in the version's lineage (then its ancestors'), else the run's eval split, tokenized
 with the target's tokenizer loaded on demand; with none at all it refuses. A version that
-fails the check (or whose check raised) is marked failed in the store and `current` goes back
-to the version the engine still holds (publish.py).
+fails the check (probe AL at or below the minimum, or hashes that differ) is marked failed in
+the store and `current` goes back to the version the engine still holds (publish.py); a check
+that raised, or an engine whose acceptance cannot be read (`require_measurable`), decides
+nothing about the draft. `current` is read once per swap: the version tried is the one judged.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class DraftRefresher:
         self.every = self.cfg.refresh.every if every is None else every
         self.al_drop = self.cfg.refresh.al_drop if al_drop is None else al_drop
         self.store = DraftStore(self.run)
+        self.store.recover()  # a crash between failed.json and moving `current` back
         self.kind = kinds.get(self.cfg.draft.kind)
         self.pending: list[Path] = []  # rollout files observed since the last refresh
         self.policy_step: int | None = None
@@ -165,7 +168,8 @@ class DraftRefresher:
         `engine_kwargs()`."""
         from draftkit.serving import drafter_swap
 
-        rc, version = self.cfg.refresh, self.store.current()
+        rc, version = self.cfg.refresh, self.store.current()  # read once: what is tried
+        directory = self.store.root / version if version else self.store.current_dir()
         if version is not None and (failed := self.store.failure(version)) is not None:
             raise drafter_swap.DraftSwapError(
                 f"{version} is marked failed ({failed.get('reason', '')[:200]}); nothing was "
@@ -178,7 +182,7 @@ class DraftRefresher:
         dirs = [self.store.root / v for v in reversed(self.store.versions())]
         export = artifacts.RunPaths(self.run).export
         try:
-            report = drafter_swap.swap_into(llm, self.store.current_dir(), self.kind, probes,
+            report = drafter_swap.swap_into(llm, directory, self.kind, probes,
                                             rc.min_probe_al, rc.probe_max_tokens,
                                             candidates=[*dirs, export])
         except drafter_swap.DraftSwapError as e:
@@ -189,11 +193,13 @@ class DraftRefresher:
         return report
 
     def _failed(self, version: str | None, e) -> None:
-        """Log a failed swap; a version whose weights failed (or whose check raised) is
-        marked failed and `current` goes back to what the engine still holds."""
+        """Log a failed swap; a version whose check measured it bad (verdict "failed": probe
+        AL at or below the minimum, or tensor hashes that differ) is marked failed and
+        `current` goes back to what the engine still holds. A check that raised ("error")
+        or was refused says nothing about the draft: nothing is marked."""
         self.store.log("swap_failed", version=version, verdict=e.verdict,
                        previous=e.previous, restored=e.restored, error=str(e)[:500])
-        if version is not None and e.verdict in ("failed", "error"):
+        if version is not None and e.verdict == "failed":
             self.store.mark_failed(version, str(e), back_to=self.store.version_of(e.previous),
                                    verdict=e.verdict, restored=e.restored)
 

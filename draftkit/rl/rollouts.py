@@ -8,7 +8,8 @@ One JSON object per line, in one of three shapes (extra keys are kept out of the
                                    templated, as NeMo-RL/verl/TRL log it), response appended
     {"prompt_ids": [...], "response_ids": [...]}         token ids of the policy's tokenizer
 optional: "policy_step" (int), "reward" (float), "temperature" (float).
-A bad row raises DraftkitError naming file:line and what to fix; nothing is read half-way.
+A bad row (not UTF-8, not JSON, nested too deeply, a wrong shape) raises DraftkitError naming
+file:line and what to fix; nothing is read half-way.
 Rows longer than refresh.max_seq_len are cut and counted (`ReadStats`); the same file under two
 names (a `latest.jsonl` symlink, a copy) counts once (`unique_files`), identical rows once
 (`dedupe_rows`), and a GRPO group (rows of one prompt) is one `prompt_key`.
@@ -187,21 +188,36 @@ def _opt(where: str, row: dict, key: str, kind: type):
     return kind(value)
 
 
+def _parse(where: str, raw: bytes):
+    """One line's JSON value (None for a blank line); text that is not UTF-8, not JSON, or
+    nested past Python's recursion limit is a bad row (DraftkitError naming file:line)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _bad(where, f"not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 4]!r}); "
+                          "write rollouts as UTF-8") from e
+    if not line.strip():
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _bad(where, f"not valid JSON ({e.msg})") from e
+    except RecursionError as e:
+        raise _bad(where, "JSON nested too deeply to read") from e
+
+
 def read_rollouts(paths: list[str | Path], tok, vocab_size: int,
                   max_seq_len: int = 1 << 30, stats: ReadStats | None = None) -> list[Rollout]:
     """Every row of every file (in order), encoded and checked; rows longer than max_seq_len
     are cut (a cut that leaves no response token is an error), counted in `stats` if given."""
     out, stats = [], ReadStats() if stats is None else stats
     for f in rollout_files(paths):
-        with open(f, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
+        with open(f, "rb") as fh:
+            for n, raw in enumerate(fh, 1):
                 where = f"{f}:{n}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise _bad(where, f"not valid JSON ({e.msg})") from e
+                row = _parse(where, raw)
+                if row is None:
+                    continue
                 r = encode_row(where, row, tok, vocab_size)
                 if len(r.input_ids) > max_seq_len:
                     stats.cut += 1

@@ -32,7 +32,7 @@ talks to it only through files, and refreshes the draft when it pays.
   Events go to `drafts/watch-log.jsonl` and to wandb (offline without a key).
 - Engines (`--engines URL,URL`: running `vllm serve` rollout servers, DRAFTKIT_SWAP_SECRET in
   the environment): at the start and after every tick, each engine that does not serve the
-  current draft gets it (serving/engines.py: pause with requests kept, native update, hash
+  current draft gets it (rl/rollout_servers.py: pause with requests kept, native update, hash
   check, resume, probe AL; a failed check puts that engine's previous draft back), and
   `drafts/engines.json` records what each serves. An engine that refused a version is not
   asked again until a newer one is published; an unreachable one is retried at every tick.
@@ -166,6 +166,7 @@ class Watcher:
         self.ckpts, self.rollouts = Path(checkpoints), Path(rollouts)
         self.engines = list(engines or [])
         self.store = DraftStore(self.run)
+        self.store.recover()  # a crash between failed.json and moving `current` back
         self.state_path = self.store.root / "watch-state.json"
         self.log_path = self.store.root / "watch-log.jsonl"
         self.state = artifacts.read_json(self.state_path) if self.state_path.is_file() else {}
@@ -255,10 +256,12 @@ class Watcher:
                 read_rollouts([f], tok, self.cfg.target.vocab_size, rc.max_seq_len)
                 good.append(f)
                 self.state["rejected_rollouts"].pop(str(f.resolve()), None)  # fixed since
-            except DraftkitError as e:
+            except Exception as e:  # noqa: BLE001 - any file that cannot be read is set aside
+                why = str(e) if isinstance(e, DraftkitError) else \
+                    f"rollout {f}: reading it raised {type(e).__name__}: {str(e)[:300]}"
                 key = str(f.resolve())
-                self.state["rejected_rollouts"][key] = {"reason": str(e), "stat": _stat(f)}
-                self.event("rollouts_set_aside", path=key, detail=str(e))
+                self.state["rejected_rollouts"][key] = {"reason": why, "stat": _stat(f)}
+                self.event("rollouts_set_aside", path=key, detail=why)
         return good
 
     def checkpoint_error(self, ckpt: Path, error: Exception, todo: list) -> None:
@@ -329,7 +332,7 @@ class Watcher:
 
     def sync_engines(self) -> None:
         """Push the current draft to every engine that does not serve it (module doc)."""
-        from draftkit.serving import engines as eng
+        from draftkit.rl import rollout_servers as eng
 
         if not self.engines:
             return
@@ -345,8 +348,9 @@ class Watcher:
         except eng.EngineSwapError as e:
             self.event("engines_swap_failed", version=current, detail=str(e)[:2000],
                        engines={u: r["status"] for u, r in e.results.items()})
-        except DraftkitError as e:  # no probes, no secret, a failed version: say, go on
-            self.event("engines_swap_failed", version=current, detail=str(e)[:2000])
+        except Exception as e:  # noqa: BLE001 - no probes, no secret, a bug: say, go on
+            self.event("engines_swap_failed", version=current,
+                       detail=f"{type(e).__name__}: {str(e)[:2000]}")
 
     def run_forever(self, once: bool = False) -> None:
         from draftkit.train.loop import Tracker
