@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from draftkit.core import artifacts, config
+from draftkit.core.artifacts import RunPaths
 from draftkit.eval import stage
+from draftkit.harvest.shards import HarvestSet, open_harvest
 from draftkit.serving import vllm_engine
 
 
@@ -48,6 +50,13 @@ def prepared_run(path: str) -> Path | None:
         print(f"error: {run} has no prepared data; run `make demo` first", file=sys.stderr)
         return None
     return run
+
+
+def harvest_of(cfg, paths: RunPaths, split: str) -> HarvestSet:
+    """The run's verified harvest of `split` ("train" or "eval"), as train opens it: checked
+    against the run's target and aux layer ids."""
+    hdir = paths.harvest / "eval" if split == "eval" else paths.harvest
+    return open_harvest(hdir, target_name=cfg.target.name, aux_layer_ids=cfg.draft.aux_layer_ids)
 
 
 def add_grid_args(p: argparse.ArgumentParser) -> None:

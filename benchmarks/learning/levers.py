@@ -207,7 +207,6 @@ def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
 
 def _curve(run: Path) -> dict:
     """Simulated AL (k=3, eval split, assistant tokens) against training CPU-seconds."""
-
     hist = artifacts.read_json(run / "train" / "history.json")
     meta = artifacts.read_json(run / "train" / "meta.json")
     best = artifacts.read_json(run / "train" / "best" / "meta.json")
@@ -222,7 +221,6 @@ def measure(cfg, exports: dict[str, Path], prompts: dict[str, list[list[int]]],
             temps: list[float], batch: int) -> list[dict]:
     """vLLM AL at k=3 for n-gram and every export, each engine serving every split at every
     temperature (report.serve_splits; drafts drafted by draft.draft_sample_method)."""
-
     rows = []
     for setting, export in [("ngram", None), *exports.items()]:
         method = "ngram" if export is None else "eagle3"

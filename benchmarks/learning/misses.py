@@ -17,7 +17,6 @@ from draftkit.core import config, hardware
 from draftkit.core.artifacts import RunPaths
 from draftkit.drafts.eagle3 import losses
 from draftkit.drafts.eagle3.model import Eagle3Draft
-from draftkit.harvest.shards import open_harvest
 from draftkit.target.load import load_target
 from draftkit.train.data import BatchBuilder, HarvestSource
 
@@ -35,7 +34,7 @@ def measure(run: Path, splits: list[str]) -> dict:
     out = {"run": str(run), "target": cfg.target.name, "hardware": hardware.summary(),
            "splits": {}}
     for split in splits:
-        source = HarvestSource([harvest_of(cfg, run, split)])
+        source = HarvestSource([report.harvest_of(cfg, RunPaths(run), split)])
         build = BatchBuilder(source, torch.float32)
         counts = {c: {"n": 0, "correct": 0} for c in CLASSES}
         with torch.no_grad():
@@ -48,14 +47,6 @@ def measure(run: Path, splits: list[str]) -> dict:
                     counts[cls]["correct"] += int(got[t] == want[t])
         out["splits"][split] = counts
     return out
-
-
-def harvest_of(cfg, run: Path, split: str):
-    """The run's verified harvest of `split` (as train opens it: the run's target and aux ids)."""
-    hdir = RunPaths(run).harvest
-    if split == "eval":
-        hdir = hdir / "eval"
-    return open_harvest(hdir, target_name=cfg.target.name, aux_layer_ids=cfg.draft.aux_layer_ids)
 
 
 def first_draft(model, batch: dict) -> tuple[list[int], list[int], list[int]]:
