@@ -1,8 +1,9 @@
 """The README and docs/ stay true to the tree and the CLI: every relative link (and #anchor, as
 GitHub slugs headings) resolves, and every `draftkit ...` line in a shell code block names a verb
 and flags the argparse parser of draftkit/cli.py knows, and parses where it has no `...`
-placeholder. The README stays a short guide with its one headline table copied from
-docs/benchmarks.md."""
+placeholder. The README and docs/benchmarks.md stay short (<= 400 lines each), their headline table is
+the one benchmarks/headline.py derives from results/bench_goals.json, and every figure a page
+cites from a results/ file is in that file."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import contextlib
 import io
 import re
 import shlex
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
 
+from benchmarks import headline
 from draftkit.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,14 +160,126 @@ def test_the_checks_catch_a_broken_link_and_an_unknown_flag(tmp_path):
     assert command_lines(text) == ["draftkit refresh r --policy p      --rollouts x --budget-s 1  # c"]
 
 
-def test_readme_is_a_short_guide_with_the_benchmarks_headline_table():
+def headline_rows(text: str, section: str = "## Results at a glance") -> list[str]:
+    """The table under `section` whose header starts with `| method |`: header, separator, rows."""
+    lines = text.splitlines()
+    at = lines.index(section)
+    start = next(i for i in range(at, len(lines)) if lines[i].startswith("| method |"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def test_readme_and_benchmarks_are_short_and_show_the_derived_headline_table():
     readme = (ROOT / "README.md").read_text()
+    bench = (ROOT / "docs" / "benchmarks.md").read_text()
     assert len(readme.splitlines()) <= 400, "the README is the short guide: move detail to docs/"
-    lines = readme.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| head | its whole cost"))
-    end = next(i for i in range(start, len(lines) + 1) if i == len(lines) or
-               not lines[i].startswith("|"))
-    rows = lines[start:end]  # header, separator, one row per head
-    assert len(rows) >= 4
-    bench = (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
-    assert all(row in bench for row in rows), "README's headline rows differ from benchmarks.md"
+    assert len(bench.splitlines()) <= 400, "benchmarks.md holds current results only"
+    expected = headline.table(headline.load(ROOT / "results" / "bench_goals.json"))
+    assert headline_rows(readme) == expected, \
+        "README's headline table is not `python scripts/headline.py results/bench_goals.json`"
+    assert "\n".join(expected) in bench, "benchmarks.md lacks the README's headline table"
+
+
+# --- every figure cited from results/ is in the named file ---------------------------------
+
+RESULT_FILE = re.compile(r"results/(?:[\w-]+/)*[\w-]+\.(?:md|json)(?![\w*{])")
+VERSION = re.compile(r"\d+\.\d+\.\d+[\w.]*")  # 0.32.0, 2.13.0+cpu: versions, not figures
+FIGURE = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(x?)(?![\d,]\d)")
+NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """A page's prose as ("table" | "text", content) blocks: a paragraph, one list item, one
+    heading or one table each; fenced code is left out."""
+    out: list[tuple[str, list[str]]] = []
+    for line in split_fences(text)[0]:
+        kind = "table" if line.lstrip().startswith("|") else "text"
+        new = (not out or not line.strip() or kind != out[-1][0] or line.startswith("#")
+               or out[-1][1][-1].startswith("#")
+               or re.match(r"^\s{0,3}(?:[-*+]|\d+\.)\s", line) is not None)
+        if not line.strip():
+            out.append(("gap", []))
+        elif new:
+            out.append((kind, [line]))
+        else:
+            out[-1][1].append(line)
+    return [(kind, "\n".join(lines)) for kind, lines in out if kind != "gap"]
+
+
+def figures(text: str) -> list[str]:
+    """The figures of a block: numbers with a decimal point, or with an `x` suffix (2.01x, 10x),
+    outside inline code and link targets; version numbers (0.32.0) are not figures."""
+    prose = re.sub(r"`[^`]*`", " ", text)
+    prose = re.sub(r"\]\([^)]*\)", "]", prose)
+    prose = VERSION.sub(" ", prose)
+    return [whole + frac + x for whole, frac, x in FIGURE.findall(prose) if frac or x]
+
+
+def in_file(figure: str, numbers: list[str]) -> bool:
+    """Whether a figure (1.33, 1.33x, 0.3) is one of the file's numbers as printed, or one of
+    them rounded half-up, or as Python's format rounds it, to the figure's decimals."""
+    want = Decimal(figure.rstrip("x").replace(",", ""))
+    places = Decimal(1).scaleb(want.as_tuple().exponent)
+    for n in numbers:
+        have = Decimal(n.replace(",", ""))
+        if have == want or have.quantize(places, ROUND_HALF_UP) == want:
+            return True
+        if format(float(have), f".{max(0, -want.as_tuple().exponent)}f") == str(want):
+            return True
+    return False
+
+
+def derived_tables(root: Path) -> set[str]:
+    """Rows benchmarks/headline.py derives from results/bench_goals.json, one table per split:
+    test_readme_and_benchmarks_are_short_and_show_the_derived_headline_table checks those."""
+    result = headline.load(root / "results" / "bench_goals.json")
+    return {row for split in {r["split"] for r in result["rows"]}
+            for row in headline.table(result, split)}
+
+
+def figure_problems(page: Path, text: str, root: Path = ROOT, skip: set[str] = frozenset()) -> list[str]:
+    """Every figure in a block that names exactly one results/ file (a table names none: the
+    paragraph just above it, its caption, names it) must be a number of that file.
+
+    The rule: a figure is a number written with a decimal point or an `x` suffix outside
+    inline code; it is found when the file holds that number (thousands commas ignored), or a
+    number with more decimals that rounds to it (half-up, or as Python formats the float, so
+    JSON's 1.3250 matches 1.33 and 0.263 matches 0.3). Derived figures (a difference, a mean)
+    are not in the file: a page writes them in a block that names no file, or not at all."""
+    problems, caption = [], []
+    for kind, content in blocks(text):
+        named = sorted(set(RESULT_FILE.findall(content)))
+        files = named if named or kind != "table" else caption
+        caption = named if kind == "text" else []
+        if len(files) != 1 or (kind == "table" and set(content.splitlines()) <= skip):
+            continue
+        path = root / files[0]
+        if not path.exists():
+            problems.append(f"{page.name}: cites {files[0]}, which does not exist")
+            continue
+        numbers = NUMBER.findall(path.read_text())
+        problems += [f"{page.name}: {f} is not in {files[0]}: {content.splitlines()[0][:80]}"
+                     for f in figures(content) if not in_file(f, numbers)]
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_figure_cited_from_results_is_in_the_named_file(page):
+    assert figure_problems(page, page.read_text(), skip=derived_tables(ROOT)) == []
+
+
+def test_the_figure_check_catches_a_made_up_number(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "bench_x.md").write_text("| a | 1.325 | 2.01x | 30,061 |\n")
+    (tmp_path / "results" / "bench_y.json").write_text('{"al": 1.3250, "s": 0.263}')
+    page = tmp_path / "page.md"
+    good = ("From `results/bench_x.md`: 1.33, 2.01x and 30,061 tok/s, version 0.32.0.\n\n"
+            "Caption naming results/bench_y.json:\n\n| AL | s |\n|---|---|\n| 1.33 | 0.3 |\n\n"
+            "Two files, results/bench_x.md and results/bench_y.json: 9.99 is not checked.\n")
+    assert figure_problems(page, good, tmp_path) == []
+    bad = "From results/bench_x.md: AL 1.34 and 1.90x (`1.77` in code is no figure).\n"
+    assert [p.split(":")[1] for p in figure_problems(page, bad, tmp_path)] == [" 1.34 is not in results/bench_x.md", " 1.90x is not in results/bench_x.md"]
+    table = "Caption: results/bench_y.json\n\n| AL |\n|---|\n| 1.3 |\n| 2.7 |\n"
+    assert len(figure_problems(page, table, tmp_path)) == 1
+    gone = "Measured in results/bench_gone.md: 1.50.\n"
+    assert "does not exist" in figure_problems(page, gone, tmp_path)[0]
