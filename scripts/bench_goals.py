@@ -1,16 +1,20 @@
 """Benchmark (#34 goals): the demo's drafts against the free methods where rollouts run.
 
 One vLLM engine per (method, k), one after another in this run: no speculation, n-gram and
-suffix decoding (k=--k), and each draft (`--run` and `--drafts`: runs with an export; the kind
-says how vLLM serves it) at every k of `--draft-k`. Each engine serves the demo's three prompt
-splits (unseen templates: the run's held-out eval split; seen templates; hand-written;
-eval/splits.py) at T=0 and T=1 (seeded), at batch 1, 8 and 16. Rows: tokens/s, tokens per
+suffix decoding (k=--k), each draft (`--run` and `--drafts`: runs with an export; the kind
+says how vLLM serves it) at every k of `--draft-k`, and the exported choice: the one engine of
+`--run`'s export/serving.json (`draftkit eval` wrote it: one method, a k per batch range, k 0
+where no speculation measured fastest; eval/choice.py). Each engine serves the demo's three
+prompt splits (unseen templates: the run's held-out eval split; seen templates; hand-written;
+eval/splits.py) at T=0 and T=1 (seeded), at batch 1, 8, 16 and 32. Rows: tokens/s, tokens per
 target step, vLLM's AL.
 
 The draft a batch gets is chosen on the run's own split (unseen templates) only, per (T,
 batch): the (draft, k) with the most tokens/s there (what `draftkit eval` would pick). That
 choice is then measured on all three splits against the better of n-gram and suffix decoding
-in tokens/s. Goals (#34): >= 1.3x at batch 1, >= 1.1x at batch 8 and 16.
+in tokens/s. Goals (#34): >= 1.3x at batch 1, >= 1.1x at batch 8 and 16. The exported choice
+is measured against no speculation (goal #42: >= 1.0x at every T and batch, on every split) and
+against the better free method (>= 1.1x at batch 8 and 16).
 
     python scripts/bench_goals.py --run runs/demo                       # the demo's head
     python scripts/bench_goals.py --run runs/demo --drafts runs/demo-peagle --draft-k 1,2,3
@@ -32,8 +36,11 @@ import _bench  # noqa: E402
 FREE = ("ngram", "suffix")
 GOAL = {1: 1.3}  # batch -> tokens/s over the better free method; other batches GOAL_BATCHED
 GOAL_BATCHED = 1.1
-SMOKE = {"batch": "1,8", "prompts": 4, "latency_prompts": 2, "max_new_tokens": 24,
-         "temperature": "0", "draft_k": "3"}
+CHOICE_GOAL = 1.0  # the exported choice's tokens/s over no speculation, every T and batch
+CHOICE_FREE_GOAL = {8: 1.1, 16: 1.1}  # batch -> its tokens/s over the better free method
+CHOICE = "exported choice"  # the label of the serving.json engine's rows
+SMOKE = {"batch": "1,4", "prompts": 4, "latency_prompts": 2, "max_new_tokens": 24,
+         "temperature": "0,1", "draft_k": "3"}
 
 
 def parse() -> argparse.Namespace:
@@ -44,8 +51,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--k", type=int, default=3, help="k of n-gram and suffix decoding")
     p.add_argument("--draft-k", default="1,2,3", help="k values each draft is measured at")
     p.add_argument("--temperature", default="0,1")
-    p.add_argument("--batch", default="1,8,16")
-    p.add_argument("--prompts", type=int, default=16, help="prompts per split at batch > 1")
+    p.add_argument("--batch", default="1,8,16,32")
+    p.add_argument("--prompts", type=int, default=32,
+                   help="prompts per split at batch > 1 (at least the largest batch)")
     p.add_argument("--latency-prompts", type=int, default=4, help="prompts per split at batch 1")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="auto")
@@ -55,6 +63,9 @@ def parse() -> argparse.Namespace:
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
+    if max(_ints(args.batch)) > args.prompts:
+        p.error(f"--batch {args.batch} needs --prompts >= {max(_ints(args.batch))}: a batch "
+                "row must run that many sequences at once")
     return args
 
 
@@ -66,7 +77,10 @@ def main() -> int:
 
     cfg = config.load(args.run)
     cfg.eval.max_new_tokens, cfg.eval.dtype = args.max_new_tokens, args.dtype
-    cfg.eval.k_values = sorted({args.k, *_ints(args.draft_k)})  # engines sized for the largest
+    exported, why = exported_choice(args.run)
+    sched = (exported or {}).get("schedule") or {}
+    cfg.eval.k_values = sorted({args.k, *_ints(args.draft_k),  # engines sized for the largest
+                                sched.get("speculative_config", {}).get("num_speculative_tokens", 1)})
     prompts = splits.build(args.run, cfg, max(args.prompts, args.latency_prompts))
     engines = [("none", "none", None, None), *((m, m, args.k, None) for m in FREE)]
     for entry in [args.run, *(r for r in args.drafts.split(",") if r)]:
@@ -82,13 +96,16 @@ def main() -> int:
     rows = []
     for label, method, k, export in engines:
         rows += serve(args, cfg, label, method, k, export, prompts)
+    rows += serve_choice(args, cfg, exported, why, rows, prompts)
     bench = {"rows": rows, "choice": choose(rows), "argv": sys.argv, "smoke": args.smoke,
+             "exported": exported, "exported_missing": why,
              "target": cfg.target.name, "k_free": args.k, "git_sha": provenance.git_sha(),
              "hardware": hardware.summary(), "seconds": time.perf_counter() - t0,
              "dtype": hardware.resolve(args.dtype, key="vLLM dtype"),
              "prompts": {"batch_1": args.latency_prompts, "batch_gt_1": args.prompts},
              "max_new_tokens": args.max_new_tokens}
     bench["goals"] = goals(rows, bench["choice"])
+    bench["choice_goals"] = choice_goals(rows)
     _bench.write_report(Path(args.out), "bench_goals", bench, markdown(bench),
                         lambda p: plot(bench, p))
     print(markdown(bench))
@@ -101,10 +118,18 @@ def _ints(csv: str) -> list[int]:
 
 def serve(args, cfg, label: str, method: str, k: int | None, export, prompts: dict) -> list[dict]:
     """One engine: every (split, T, batch) row, or rows saying why it was not measured."""
-    from draftkit.eval import stage
     from draftkit.serving import vllm_engine
 
     spec = vllm_engine.speculative_config(method, k, export, cfg.draft.draft_sample_method)
+    return serve_spec(args, cfg, label, method, k, spec, prompts)
+
+
+def serve_spec(args, cfg, label: str, method: str, k: int | None, spec: dict | None,
+               prompts: dict) -> list[dict]:
+    """serve() of an engine with vLLM speculative_config `spec` (rows say `method`, `k`)."""
+    from draftkit.eval import stage
+    from draftkit.serving import vllm_engine
+
     temps, batches = [float(t) for t in args.temperature.split(",")], _ints(args.batch)
     why = vllm_engine.suffix_unavailable() if method == "suffix" else None
     if why is None:
@@ -144,12 +169,44 @@ def measure(args, cfg, llm, label, method, k, prompts, temps, batches) -> list[d
     return rows
 
 
+def exported_choice(run: str) -> tuple[dict | None, str | None]:
+    """(serving.json of the run's export, None), or (None, why) where eval wrote none."""
+    from draftkit.core import artifacts, config
+    from draftkit.export.measured import SERVING_FILE
+
+    path = config.open_run(run).export_dir / SERVING_FILE
+    if not path.is_file():
+        return None, f"{path} is missing: run `draftkit eval {run}` (it writes the choice)"
+    return artifacts.read_json(path), None
+
+
+def serve_choice(args, cfg, serving: dict | None, why: str | None, rows: list[dict],
+                 prompts: dict) -> list[dict]:
+    """The exported choice's rows: one engine with serving.json's schedule (its "model": "."
+    is the export dir); no schedule = no speculation at every batch, so no speculation's rows."""
+    from draftkit.core import config
+
+    if serving is None:
+        print(f"bench_goals: {CHOICE} not measured: {why}")
+        return []
+    if serving["schedule"] is None:
+        return [{**r, "label": CHOICE} for r in rows if r["label"] == "none"]
+    sc = dict(serving["schedule"]["speculative_config"])
+    if "model" in sc:
+        sc["model"] = str(config.open_run(args.run).export_dir / sc["model"])
+    return serve_spec(args, cfg, CHOICE, sc["method"], sc["num_speculative_tokens"], sc,
+                      prompts)
+
+
 # ----------------------------------------------------------------------------- analysis
 
 
-def _cell(rows: list[dict], split: str, temp: float, b: int) -> list[dict]:
+def _cell(rows: list[dict], split: str, temp: float, b: int, label: str | None = None
+          ) -> list[dict]:
+    """The measured rows of a cell: the exported choice's (label=CHOICE) or every other one."""
     return [r for r in rows if r["split"] == split and r["temperature"] == temp
-            and r["batch_size"] == b and not r.get("unavailable")]
+            and r["batch_size"] == b and not r.get("unavailable")
+            and (r["label"] == CHOICE) == (label == CHOICE)]
 
 
 def choose(rows: list[dict]) -> dict[str, dict]:
@@ -165,6 +222,31 @@ def choose(rows: list[dict]) -> dict[str, dict]:
             if drafts:
                 best = max(drafts, key=lambda r: r["tokens_per_s"])
                 out[f"{temp:g}/{b}"] = {"label": best["label"], "k": best["k"]}
+    return out
+
+
+def choice_goals(rows: list[dict]) -> list[dict]:
+    """Per (split, T, batch): the exported choice against no speculation (goal CHOICE_GOAL
+    everywhere) and the better free method (CHOICE_FREE_GOAL where the batch has one)."""
+    out = []
+    for r in rows:
+        if r["label"] != CHOICE or r.get("unavailable"):
+            continue
+        cell = _cell(rows, r["split"], r["temperature"], r["batch_size"])
+        none = [x for x in cell if x["method"] == "none"]
+        free = [x for x in cell if x["method"] in FREE]
+        if not none:
+            continue
+        vs_none = r["tokens_per_s"] / none[0]["tokens_per_s"]
+        best_free = max(free, key=lambda x: x["tokens_per_s"]) if free else None
+        vs_free = r["tokens_per_s"] / best_free["tokens_per_s"] if best_free else None
+        goal_free = CHOICE_FREE_GOAL.get(r["batch_size"])
+        out.append({"split": r["split"], "temperature": r["temperature"],
+                    "batch_size": r["batch_size"], "vs_none": vs_none,
+                    "met_none": vs_none >= CHOICE_GOAL, "vs_free": vs_free,
+                    "best_free": best_free and best_free["method"], "goal_free": goal_free,
+                    "met_free": None if goal_free is None or vs_free is None
+                    else vs_free >= goal_free, "row": r, "none_row": none[0]})
     return out
 
 
@@ -221,7 +303,7 @@ def markdown(bench: dict) -> str:
                      f"{g['goal']:.1f}x | {'yes' if g['met'] else 'no'} |")
     met = sum(g["met"] for g in bench["goals"])
     lines += ["", f"{met} of {len(bench['goals'])} cells meet their goal.", "",
-              "## Every row", "", "| method | k | T | split | batch | tok/s | tok/step | AL |",
+              *choice_markdown(bench), "## Every row", "", "| method | k | T | split | batch | tok/s | tok/step | AL |",
               "|---|---|---|---|---|---|---|---|"]
     for r in bench["rows"]:
         if r.get("unavailable"):
@@ -233,6 +315,41 @@ def markdown(bench: dict) -> str:
                      f"{r['batch_size']} | {r['tokens_per_s']:.1f} | {r['tokens_per_step']:.2f} | "
                      f"{_bench.fmt(r.get('acceptance_length'))} |")
     return "\n".join(lines) + "\n"
+
+
+def choice_markdown(bench: dict) -> list[str]:
+    """The exported choice (serving.json's one engine) against no speculation and the better
+    free method, per (T, batch, split)."""
+    lines = ["## The exported choice (serving.json)", ""]
+    serving = bench.get("exported")
+    if serving is None:
+        return [*lines, f"Not measured: {bench.get('exported_missing')}.", ""]
+    sched = serving["schedule"]
+    what = (f"one engine, {sched['speculative_config']['method']} with "
+            "num_speculative_tokens_per_batch_size "
+            f"`{sched['speculative_config']['num_speculative_tokens_per_batch_size']}`"
+            if sched else "no speculation at every batch size (its rows are no speculation's)")
+    m = serving.get("measured", {})
+    lines += [f"What `draftkit eval` exported: {what}; chosen from its own rows (T "
+              f"{m.get('temperatures')}, batch {m.get('batch_sizes')}, k {m.get('k_values')}, "
+              f"{m.get('prompts')} prompts) by: {serving.get('rule', 'an older rule')}. Goals: "
+              f">= {CHOICE_GOAL:.1f}x no speculation everywhere, >= 1.1x the better free method "
+              "at batch 8 and 16.", "",
+              "| T | batch | split | its tok/s | vs none | better free method | vs free | met |",
+              "|---|---|---|---|---|---|---|---|"]
+    for g in bench["choice_goals"]:
+        free = "–" if g["vs_free"] is None else f"{g['vs_free']:.2f}x"
+        goal = f" (goal {g['goal_free']:.1f}x)" if g["goal_free"] else ""
+        met = g["met_none"] and g["met_free"] is not False
+        lines.append(f"| {g['temperature']:g} | {g['batch_size']} | {g['split']} | "
+                     f"{_speed(g['row'], g['none_row'])} | **{g['vs_none']:.2f}x** | "
+                     f"{g['best_free'] or '–'} | {free}{goal} | {'yes' if met else 'no'} |")
+    n = len(bench["choice_goals"])
+    never_slower = sum(g["met_none"] for g in bench["choice_goals"])
+    lines += ["", f"No slower than no speculation in {never_slower} of {n} cells; every goal met "
+              f"in {sum(g['met_none'] and g['met_free'] is not False for g in bench['choice_goals'])}"
+              f" of {n}.", ""]
+    return lines
 
 
 def plot(bench: dict, path: Path) -> None:

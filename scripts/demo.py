@@ -1,8 +1,11 @@
 """The main job on the embedded target: init -> prepare -> harvest -> train -> export -> eval,
 then vLLM's measured AL and speed for the trained EAGLE-3 draft next to vLLM n-gram's and
-suffix decoding's (the methods that need no training) on the held-out eval split (k=3, T=0, batch 1 and 8), and on two more prompt splits at batch 8: new
-problems of the training templates (what RL sees) and hand-written ones (eval/splits.py).
-Export's own vLLM check is off here: eval serves the export right after, in the same engines.
+suffix decoding's (the methods that need no training) on the held-out eval split (k=3, T=0 and
+T=1, batch 1, 8 and 16), and on two more prompt splits at batch 16: new problems of the training
+templates (what RL sees) and hand-written ones (eval/splits.py). From those rows eval exports
+the serving choice (serving.json): per batch range the fastest method no slower than no
+speculation at either temperature (eval/choice.py). Export's own vLLM check is off here: eval
+serves the export right after, in the same engines.
 
     make demo                       # = python scripts/demo.py --dir runs --name demo
     python scripts/demo.py --name demo train.max_steps=100   # extra key=value overrides
@@ -28,11 +31,15 @@ DEMO_OVERRIDES = [
     "data.regen_max_new_tokens=192",
     "train.epochs=4",
     "eval.num_prompts=16",  # per split; FP32_OVERRIDES lowers it
-    "eval.max_new_tokens=128",
+    # T=1 (RL's rollouts) beside T=0, and batch 16: the serving choice must hold at both
+    # temperatures. Paid for with batch-1 rows on 4 prompts (was 8) and 96 new tokens (was 128);
+    # the splits move to batch 16 (one engine call instead of two). Batch 32 (eval's default)
+    # needs 32 prompts per split: left to `draftkit eval` and scripts/bench_goals.py.
+    "eval.max_new_tokens=96",
     "eval.k_values=[3]",
-    "eval.temperatures=[0.0]",
-    "eval.batch_sizes=[1,8]",  # batch 1: latency-bound, where a draft pays on a CPU
-    "eval.latency_prompts=8",  # batch 1 decodes one prompt at a time: the costliest rows
+    "eval.temperatures=[0.0,1.0]",
+    "eval.batch_sizes=[1,8,16]",  # batch 1: latency-bound, where a draft pays on a CPU
+    "eval.latency_prompts=4",  # batch 1 decodes one prompt at a time: the costliest rows
     "eval.splits=[seen-templates,hand-written]",
     "eval.lossless_prompts=4",  # two fp32 engines at batch 1 where bf16 is native
     "export.check=false",
@@ -48,7 +55,7 @@ DEMO_OVERRIDES = [
 # and 20.7 min on the AMD EPYC restricted the same way, demo19-avx2).
 BF16_OVERRIDES = ["data.max_samples=600", "train.epochs=3"]
 BF16_NO_AMX_OVERRIDES = ["data.max_samples=500", "train.epochs=3"]
-FP32_OVERRIDES = ["eval.num_prompts=8"]
+FP32_OVERRIDES = ["eval.num_prompts=8", "eval.batch_sizes=[1,8]"]  # a batch needs its prompts
 # `--tier full`: the cheapest recipe measured whose head passes n-gram's AL on every split, unseen
 # templates included (bench_learning `sub-2-e5` on `data-1120`: 2.38 / 2.74 / 2.30 vs 2.24 / 2.16 /
 # 2.14 for 1.9 CPU-hours on the AMD EPYC; docs/benchmarks.md, "AL against the whole compute"). About an hour
@@ -112,22 +119,34 @@ def demo_overrides(tier: str = "auto") -> list[str]:
 
 
 def _summary(report: dict) -> dict:
-    """vLLM AL and speed (k=3, T=0) per method (none, n-gram, suffix, the draft) and batch size
-    of the eval report, side by side; a method eval could not serve here says why."""
+    """vLLM AL and speed (k=3; T=0 in `methods` / `other_splits`, T=1 in the `_t1` keys) per
+    method (none, n-gram, suffix, the draft) and batch size of the eval report, side by side
+    (a method eval could not serve here says why), and the serving choice per batch range."""
+    t1 = _methods(report, 1.0)
+    return {**_methods(report, 0.0), "methods_t1": t1["methods"],
+            "other_splits_t1": t1["other_splits"],
+            "serving_choice": [{key: p[key] for key in ("batch_from", "batch_to", "method", "k")}
+                               | {"speedup": {t: x["speedup"]
+                                              for t, x in p["by_temperature"].items()}}
+                               for p in report.get("choice", {}).get("ranges", [])]}
+
+
+def _methods(report: dict, temperature: float) -> dict:
+    """The k=3 rows at one temperature: per method and batch, and per other split."""
     rows: dict[str, dict] = {}
     for r in report.get("vllm", {}).get("rows", []):
-        if r["k"] in (3, None) and r["temperature"] == 0.0:
+        if r["k"] in (3, None) and r["temperature"] == temperature:
             rows.setdefault(r["method"], {})[f"batch_{r['batch_size']}"] = _cell(r, {
                 "AL": r.get("acceptance_length"), "tokens_per_step": r.get("tokens_per_step"),
                 "per_position": r.get("per_position"),
                 "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"]})
     splits: dict[str, dict] = {}
     for r in report.get("vllm", {}).get("splits", {}).get("rows", []):
-        if r["k"] in (3, None) and r["temperature"] == 0.0:
+        if r["k"] in (3, None) and r["temperature"] == temperature:
             splits.setdefault(r["split"], {})[r["method"]] = _cell(r, {
                 "AL": r.get("acceptance_length"), "tokens_per_step": r.get("tokens_per_step"),
                 "batch": r["batch_size"], "speedup": r["speedup"]})
-    return {"k": 3, "temperature": 0.0, "methods": rows, "other_splits": splits,
+    return {"k": 3, "temperature": temperature, "methods": rows, "other_splits": splits,
             "report": report.get("files", {}).get("md")}
 
 

@@ -59,3 +59,34 @@ def test_batch_one_goal_is_higher(goals):
     (g,) = goals.goals(rows, goals.choose(rows))
     assert g["goal"] == 1.3 and g["ratio"] == pytest.approx(1.2) and not g["met"]
     assert g["best_free"] == "suffix"
+
+
+def test_the_exported_choice_is_a_row_against_none_and_the_free_methods(goals):
+    """serving.json's engine (label CHOICE) is measured beside the rest: it is no candidate
+    draft and no free method, and each cell says its speed over no speculation (goal 1.0x
+    everywhere) and over the better free method (1.1x at batch 8 and 16)."""
+    rows = []
+    for temp, none, ngram, mine in ((0.0, 100.0, 120.0, 140.0), (1.0, 100.0, 95.0, 99.0)):
+        rows += [_row("none", "none", None, "unseen-templates", temp, 8, none),
+                 _row("ngram", "ngram", 3, "unseen-templates", temp, 8, ngram),
+                 _row("demo (eagle3)", "eagle3", 1, "unseen-templates", temp, 8, 90.0),
+                 _row(goals.CHOICE, "eagle3", 3, "unseen-templates", temp, 8, mine)]
+    rows.append(_row(goals.CHOICE, "eagle3", 3, "unseen-templates", 0.0, 32, 50.0))  # no none
+    assert goals.choose(rows) == {"0/8": {"label": "demo (eagle3)", "k": 1},
+                                  "1/8": {"label": "demo (eagle3)", "k": 1}}
+    assert all(g["best_free"] == "ngram" for g in goals.goals(rows, goals.choose(rows)))
+    got = {g["temperature"]: g for g in goals.choice_goals(rows)}
+    assert set(got) == {0.0, 1.0}  # batch 32 has no none row: no cell
+    assert got[0.0]["vs_none"] == pytest.approx(1.4) and got[0.0]["met_none"]
+    assert got[0.0]["vs_free"] == pytest.approx(140 / 120) and got[0.0]["met_free"]
+    assert got[1.0]["vs_none"] == pytest.approx(0.99) and not got[1.0]["met_none"]
+    bench = {"exported": {"schedule": {"speculative_config": {
+        "method": "eagle3", "num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 8, 0]]}},
+        "rule": "the rule", "measured": {"temperatures": [0, 1]}},
+        "choice_goals": goals.choice_goals(rows)}
+    md = "\n".join(goals.choice_markdown(bench))
+    assert "[[1, 7, 3], [8, 8, 0]]" in md and "the rule" in md
+    assert "| 1 | 8 | unseen-templates | 99.0 (0.99x;" in md and "**0.99x** | ngram | 1.04x" in md
+    assert "No slower than no speculation in 1 of 2 cells; every goal met in 1 of 2." in md
+    assert "Not measured: run eval" in "\n".join(goals.choice_markdown(
+        {"exported": None, "exported_missing": "run eval"}))
