@@ -15,6 +15,7 @@ from draftkit.core.config import load as load_config
 from draftkit.eval.stage import evaluate
 from draftkit.export.stage import export
 from draftkit.harvest.stage import harvest
+from draftkit.init.plan import plan_run as plan
 from draftkit.init.stage import init_run as init
 from draftkit.prepare.stage import prepare
 from draftkit.rl.drift import drift
@@ -26,4 +27,4 @@ from draftkit.target.load import load_target
 from draftkit.train.stage import train
 
 __all__ = ["DraftRefresher", "drift", "evaluate", "export", "harvest", "init", "load_config",
-           "load_target", "prepare", "refresh", "swap", "train", "watch"]
+           "load_target", "plan", "prepare", "refresh", "swap", "train", "watch"]

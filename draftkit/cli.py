@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("run")
     q.add_argument("overrides", nargs="*")
 
+    q = sub.add_parser("plan", help="what a run takes on this machine: tokens, disk, memory, "
+                                    "time per stage (estimates)")
+    q.add_argument("run", help="run dir (or its draftkit.yaml)")
+    q.add_argument("overrides", nargs="*", help="key=value config overrides")
+
     q = sub.add_parser("targets", help="list the registered targets")
 
     q = sub.add_parser("env", help="hardware, versions, vLLM plugin, what dtype auto resolves to")
@@ -180,6 +185,10 @@ def run(argv: list[str] | None = None) -> int:
         from draftkit.core import config
 
         print(config.dump(config.load(args.run, args.overrides)), end="")
+    elif args.verb == "plan":
+        from draftkit.init.plan import plan_run, render
+
+        print(render(plan_run(Path(args.run), args.overrides)))
     elif args.verb == "targets":
         from draftkit.core import registry
 

@@ -29,8 +29,10 @@ def home() -> Path:
 class RunPaths:
     """Where each stage of a run keeps its artifacts."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, harvest_dir: str | Path | None = None):
         self.root = Path(run_dir)
+        # harvest.dir: the shards on another disk (None = <run>/harvest)
+        self._harvest = Path(harvest_dir).expanduser() if harvest_dir else None
 
     @property
     def config(self) -> Path:
@@ -41,8 +43,8 @@ class RunPaths:
         return self.root / "data"
 
     @property
-    def harvest(self) -> Path:  # safetensors shards + manifest.json
-        return self.root / "harvest"
+    def harvest(self) -> Path:  # safetensors shards + manifest.json (harvest.dir, if set)
+        return self._harvest or self.root / "harvest"
 
     @property
     def train(self) -> Path:  # checkpoints/, best/, meta.json
@@ -107,6 +109,15 @@ def atomic_dir(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def free_disk(path: str | Path) -> tuple[int, Path]:
+    """(free bytes, the directory measured) of the disk that holds or will hold `path`: its
+    nearest existing ancestor."""
+    p = Path(path).expanduser().absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return int(shutil.disk_usage(p).free), p
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -126,6 +126,10 @@ class HarvestConfig:
     # last-bit fp32 differences from the padded attention reductions).
     padding: bool = False
     eval_sequences: int = 256  # first N prepared eval sequences harvested into harvest/eval (0 = all)
+    # where the shards go: '' = <run>/harvest; a path (relative to the cwd) on a larger disk.
+    # Harvest refuses to start when the shards it still has to write exceed that disk's free
+    # space; `draftkit plan RUN` shows the bytes (init/plan.py)
+    dir: str = ""
 
 
 @dataclass
@@ -444,7 +448,17 @@ class Run:
         return Path(self.cfg.export.out).expanduser() if self.cfg.export.out else self.paths.export
 
 
+def run_paths(path: str | Path) -> RunPaths:
+    """Where the artifacts of the run at `path` live, its config's harvest.dir honoured (a dir
+    without a run config gets the default layout)."""
+    run_dir = run_dir_of(path)
+    if not (run_dir / CONFIG_NAME).is_file():
+        return RunPaths(run_dir)
+    return RunPaths(run_dir, harvest_dir=load(run_dir).harvest.dir or None)
+
+
 def open_run(path: str | Path, overrides: list[str] | None = None) -> Run:
     """The run at `path` (its dir or its draftkit.yaml) with `key=value` overrides applied."""
     run_dir = run_dir_of(path)
-    return Run(load(run_dir, overrides), RunPaths(run_dir))
+    cfg = load(run_dir, overrides)
+    return Run(cfg, RunPaths(run_dir, harvest_dir=cfg.harvest.dir or None))

@@ -19,8 +19,11 @@ data fingerprint) and the sha256 of every shard before any tensor is used.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import queue
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +56,13 @@ def store_dtype(name: str) -> torch.dtype:
 def bytes_per_token(num_aux: int, hidden: int, dtype: str) -> int:
     """Hidden-state bytes per stored token: (A aux + 1 last) * H * itemsize (ids not counted)."""
     return (num_aux + 1) * hidden * store_dtype(dtype).itemsize
+
+
+ID_BYTES = 16  # per stored token besides the states: input_ids + loss_mask, int64 each
+# what a user can do when the shards do not fit the disk (harvest's refusal, the plan's note)
+DISK_FIXES = ("train online (train.mode=online: the target in the loop, no hidden states on "
+              "disk), harvest fewer samples (data.max_samples=N), or put the shards on a larger "
+              "disk (harvest.dir=PATH)")
 
 
 # ----------------------------------------------------------------------------- planning
@@ -120,6 +130,54 @@ def write_shard(directory: Path, index: int, tensors: dict[str, torch.Tensor],
     artifacts.write_json_atomic(_sidecar(directory, index),
                                 {**entry, "data_fingerprint": data_fingerprint})
     return entry
+
+
+class ShardWriter:
+    """Writes shards on a thread while the caller computes the next ones (`put` blocks while
+    `depth` shards wait, which bounds memory). The first error (a full disk included) stops the
+    writing; `put` and `close` raise it. Every shard written before it stays on disk, verified
+    by its sidecar, so a rerun resumes after it."""
+
+    def __init__(self, depth: int = 2):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.entries: list[dict] = []
+        self.error: BaseException | None = None
+        self.directory: Path | None = None  # of the last shard queued (for messages)
+        self._thread = threading.Thread(target=self._run, name="harvest-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self.error is None:  # after an error: drain, so `put` never blocks forever
+                try:
+                    self.entries.append(write_shard(*item))
+                except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                    self.error = e
+
+    def _raise(self) -> None:
+        e = self.error
+        if e is None:
+            return
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise HarvestError(
+                f"the disk holding {self.directory} is full: {len(self.entries)} shard(s) of this "
+                f"process were written before and are kept. Free space, or {DISK_FIXES}; then "
+                "rerun `draftkit harvest RUN` to resume after them") from e
+        raise e
+
+    def put(self, directory: Path, index: int, tensors: dict[str, torch.Tensor],
+            data_fingerprint: str) -> None:
+        """Queue shard `index` of `directory` (the tensors must not change afterwards)."""
+        self._raise()
+        self.directory = directory
+        self._queue.put((directory, index, tensors, data_fingerprint))
+
+    def close(self) -> list[dict]:
+        """Wait for every queued shard; their manifest entries in write order."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+        return self.entries
 
 
 def verified_entry(directory: Path, index: int, data_fingerprint: str) -> dict | None:

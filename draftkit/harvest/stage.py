@@ -26,6 +26,10 @@ Where this departs from SpecForge/speculators' offline hidden-state generation:
   dtype + shard/batch sizes) trigger a clean redo, announced on stderr: the old manifest is
   removed first, so no reader ever sees a mix. Resume keeps every shard whose sidecar has the
   current fingerprint and whose sha256 still matches; the rest are recomputed.
+- A writer thread serializes, hashes and writes shard i while the target computes shard i+1.
+  Harvest refuses to start when the shards still to write exceed the free disk (`check_disk`;
+  `draftkit plan RUN` shows the bytes), and a disk that fills anyway keeps every shard written
+  before it: the rerun resumes after them.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import batching, config, hardware, provenance
+from draftkit.core import artifacts, batching, config, hardware, provenance
 from draftkit.core.config import Run, RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
@@ -180,8 +184,9 @@ def _check(feats: dict, x: torch.Tensor, width: int, hidden: int, job: SplitJob,
             "run config's target shapes; rerun `draftkit init` for this target")
 
 
-def harvest_shard(job: SplitJob, index: int, capture: capture_mod.OnlineCapture, cfg: RunConfig) -> dict:
-    """Compute, check and write shard `index` of `job`; returns its manifest entry."""
+def harvest_shard(job: SplitJob, index: int, capture: capture_mod.OnlineCapture,
+                  cfg: RunConfig) -> dict[str, torch.Tensor]:
+    """Compute and check shard `index` of `job`: the tensors `shards.write_shard` stores."""
     rows = job.shards[index]
     data = job.ds[rows]  # columns -> lists, dataset order
     seqs = [_sequence(job, r, *fields, cfg.target.vocab_size) for r, *fields in zip(
@@ -201,22 +206,50 @@ def harvest_shard(job: SplitJob, index: int, capture: capture_mod.OnlineCapture,
             s, e = starts[j], starts[j] + lens[j]
             aux[s:e] = feats["aux"][b, :lens[j]]  # padding stripped, cast to storage dtype
             last[s:e] = feats["last"][b, :lens[j]]
-            bad = [n for n, v in (("aux", aux[s:e]), ("last", last[s:e]))
-                   if not bool(torch.isfinite(v).all())]
-            if bad:
-                raise DraftkitError(
-                    f"the target produced NaN/Inf hidden states ({', '.join(bad)}) for "
-                    f"{_where(job, rows[j], data['id'][j])}: check that sample and the target "
-                    f"(target.dtype={cfg.target.dtype}; float32 avoids fp16 overflow, "
-                    f"harvest.dtype={cfg.harvest.dtype}), or drop the sample and rerun prepare")
-    tensors = {
+    if not (bool(torch.isfinite(aux).all()) and bool(torch.isfinite(last).all())):
+        _name_nonfinite(job, rows, data["id"], starts, aux, last, cfg)  # one pass; names which
+    return {
         "aux": aux, "last": last,
         "input_ids": torch.cat([ids for ids, _ in seqs]),  # [T_shard]
         "loss_mask": torch.cat([m for _, m in seqs]),  # [T_shard]
         "seq_lens": torch.tensor(lens, dtype=torch.long),  # [S]
         "sample_idx": torch.tensor(rows, dtype=torch.long),  # [S]
     }
-    return shards.write_shard(job.directory, index, tensors, job.fingerprint)
+
+
+def _name_nonfinite(job: SplitJob, rows: list[int], ids: list[str], starts: list[int],
+                    aux: torch.Tensor, last: torch.Tensor, cfg: RunConfig) -> None:
+    """Raise for the first sequence of the shard whose stored states hold NaN/Inf."""
+    for j, row in enumerate(rows):
+        s, e = starts[j], starts[j + 1]
+        bad = [n for n, v in (("aux", aux[s:e]), ("last", last[s:e]))
+               if not bool(torch.isfinite(v).all())]
+        if bad:
+            raise DraftkitError(
+                f"the target produced NaN/Inf hidden states ({', '.join(bad)}) for "
+                f"{_where(job, row, ids[j])}: check that sample and the target "
+                f"(target.dtype={cfg.target.dtype}; float32 avoids fp16 overflow, "
+                f"harvest.dtype={cfg.harvest.dtype}), or drop the sample and rerun prepare")
+
+
+def check_disk(jobs: list[SplitJob], cfg: RunConfig) -> None:
+    """Refuse to start when the shards still to write exceed the free disk (all splits share
+    it): a full disk mid-harvest costs hours of target forwards before it fails."""
+    need, where = 0, None
+    for job in jobs:
+        bpt = job.header["bytes_per_token"] + shards.ID_BYTES
+        need += bpt * sum(job.lengths[r] for i, rows in enumerate(job.shards)
+                          if not (job.directory / shards.shard_name(i)).is_file() for r in rows)
+        where = where or job.directory
+    if where is None or need == 0:
+        return
+    free, measured = artifacts.free_disk(where)
+    if need > free:
+        raise HarvestError(
+            f"harvest needs about {need / 1e9:,.1f} GB for its shards ({cfg.draft.aux_layer_ids} "
+            f"taps + last state x {cfg.target.hidden_size} x {cfg.harvest.dtype}), and the disk "
+            f"at {measured} has {free / 1e9:,.1f} GB free; nothing was started. Instead: "
+            f"{shards.DISK_FIXES}. `draftkit plan RUN` shows the arithmetic")
 
 
 # ----------------------------------------------------------------------------- the stage
@@ -238,12 +271,15 @@ def _compute(cfg: RunConfig, todo: list[tuple[SplitJob, int]], state) -> dict:
     total = sum(job.lengths[r] for job, i in todo for r in job.shards[i])
     bar = tqdm(total=total, unit="tok", desc=f"harvest rank {state.process_index}",
                disable=not state.is_main_process)
-    for job, i in todo:
-        entry = harvest_shard(job, i, capture, cfg)
-        stats["shards"] += 1
-        stats["tokens"] += entry["tokens"]
-        bar.update(entry["tokens"])
+    writer = shards.ShardWriter()  # writes shard i while shard i+1 is computed
+    try:
+        for job, i in todo:
+            writer.put(job.directory, i, harvest_shard(job, i, capture, cfg), job.fingerprint)
+            bar.update(sum(job.lengths[r] for r in job.shards[i]))
+    finally:  # an error here still writes the shards computed before it
+        entries = writer.close()
     bar.close()
+    stats["shards"], stats["tokens"] = len(entries), sum(e["tokens"] for e in entries)
     stats["load_s"], stats["compute_s"] = t1 - t0, time.perf_counter() - t1
     return stats
 
@@ -287,6 +323,7 @@ def harvest(run_dir: Path, overrides: list[str] | None = None) -> Path:
     state = PartialState(cpu=not torch.cuda.is_available() or parse_flag_from_env(
         "ACCELERATE_USE_CPU"))
     jobs = plan(run, str(state.device))
+    check_disk(jobs, cfg)  # every rank: the same answer, and none waits at a barrier alone
     if state.is_main_process:
         stale_eval = run.paths.harvest / "eval"
         if "eval" not in [j.split for j in jobs] and stale_eval.is_dir():

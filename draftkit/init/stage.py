@@ -3,6 +3,9 @@
     draftkit init --target Qwen3-8B --data math            # offline: shapes come from the registry
     draftkit init --target smollm2-135m --data math data.source=offline   # tiny CPU run
 
+It prints the run's plan (init/plan.py: tokens, disk, memory, time on this machine) and, when
+an offline harvest would not fit the free disk, writes train.mode=online and says why.
+
 Layers, lowest first: dataclass defaults, `configs/<kind>.yaml`, `configs/<kind>-<family>.yaml`
 or `configs/<kind>-<target>.yaml` when present, then everything derived from the target (aux
 ids, draft vocab, draft decoder shapes, optimizer scale) unless a template or override set it,
@@ -22,6 +25,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import TargetInfo
 from draftkit.core.resources import configs_dir, recipes_dir
 from draftkit.drafts import kind as kinds
+from draftkit.init import plan
 
 
 def recipe_names() -> list[str]:
@@ -114,7 +118,10 @@ def init_run(target: str, data: str, kind: str = "eagle3", k: int | None = None,
     """Write runs/<name>/draftkit.yaml and return the run dir."""
     cfg = resolve(target, data, kind, k, name, overrides)
     run_dir = Path(runs_dir) / cfg.name
-    paths = artifacts.RunPaths(run_dir)
+    paths = artifacts.RunPaths(run_dir, harvest_dir=cfg.harvest.dir or None)
+    if "mode" not in config.parse_overrides(overrides or []).get("train", {}):
+        # an offline harvest that cannot fit the disk: online training (the plan says why)
+        plan.choose_mode(cfg, plan.make(cfg, paths))
     if paths.config.exists() and not force:
         raise DraftkitError(f"run dir {run_dir} already holds a run config; pass --force to "
                             "overwrite it, or --name to start another run")
@@ -140,6 +147,8 @@ def next_steps(run_dir: Path, cfg: RunConfig) -> str:
                      f"{artifacts.home() / 'targets' / info.name}")
     if line := kinds.of(cfg).describe(cfg):
         lines.append(line)
-    lines += ["next:"] + [f"  draftkit {verb} {run_dir}"
-                          for verb in ("prepare", "harvest", "train", "export", "eval")]
+    lines.append(plan.render(plan.make(cfg, config.run_paths(run_dir), [Path("results")])))
+    verbs = ("prepare", "harvest", "train", "export", "eval")
+    lines += ["next:"] + [f"  draftkit {verb} {run_dir}" for verb in verbs
+                          if verb != "harvest" or cfg.train.mode == "offline"]
     return "\n".join(lines)

@@ -43,7 +43,7 @@ from draftkit.train.data import (
 def _extra_runs(run: Run) -> list[RunPaths]:
     """The paths of train.extra_runs, each resolved once here (checked before the target loads)."""
     cfg = run.cfg
-    runs = [RunPaths(config.run_dir_of(p)) for p in cfg.train.extra_runs]
+    runs = [config.run_paths(p) for p in cfg.train.extra_runs]  # harvest.dir honoured
     seen = {run.paths.root.resolve()}
     for r in runs:
         if r.root.resolve() in seen:
