@@ -22,6 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+from draftkit import api
+from draftkit.core import artifacts, config, hardware
+from draftkit.core.errors import DraftkitError
+
 # Sized to finish in under 20 minutes on a 2-core CPU; bench_eagle3.py runs the longer training.
 DEMO_OVERRIDES = [
     "data.source=offline",
@@ -65,19 +69,18 @@ FULL_OVERRIDES = ["data.max_samples=1000", "data.self_instruct=120",
 TIERS = ("auto", "full")
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", default="runs")
     p.add_argument("--name", default="demo")
     p.add_argument("--tier", choices=TIERS, default="auto",
                    help="auto: sized to 20 minutes on this CPU; full: the recipe that passes n-gram")
     p.add_argument("overrides", nargs="*")
-    args = p.parse_args()
+    return p
 
-    from draftkit import api
-    from draftkit.core import artifacts, config
-    from draftkit.core.errors import DraftkitError
 
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     run = Path(args.dir) / args.name
     overrides = [*demo_overrides(args.tier), *args.overrides]
     timings: dict[str, float] = {}
@@ -95,8 +98,6 @@ def main() -> int:
         return 2
     summary = _summary(result)
     summary["timings_s"] = timings
-    from draftkit.core import hardware
-
     summary["hardware"] = hardware.summary()
     artifacts.write_json_atomic(run / "demo-summary.json", summary)
     print("\n" + json.dumps(summary, indent=2))
@@ -107,8 +108,6 @@ def demo_overrides(tier: str = "auto") -> list[str]:
     """The demo's budget for this machine: where `auto` resolves to bf16, BF16_OVERRIDES on top
     (BF16_NO_AMX_OVERRIDES on a CPU without AMX tiles), else FP32_OVERRIDES; the `full` tier
     then replaces the data and epochs with FULL_OVERRIDES, keeping the eval settings."""
-    from draftkit.core import hardware
-
     if hardware.resolve("auto") != "bfloat16":
         budget = [*DEMO_OVERRIDES, *FP32_OVERRIDES]
     else:
