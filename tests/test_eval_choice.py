@@ -265,5 +265,10 @@ def test_reexport_keeps_the_pick_and_other_weights_drop_it(tmp_path, capsys):
     assert measured.keep_choice(run, out) is None
     assert not (out / "serving.json").exists() and (out / "README.md").read_text() == README
     assert "re-run `draftkit eval`" in capsys.readouterr().err
-    (run.paths.eval / choice.CHOICE_FILE).unlink()  # never measured: no line, no file
+    path = run.paths.eval / choice.CHOICE_FILE
+    fake_export(tmp_path)  # the measured weights again, but a pick by the rule before T=1's
+    old = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in old.items() if k != "temperature"}))
+    assert measured.keep_choice(run, out) is None and "older rule" in capsys.readouterr().err
+    path.unlink()  # never measured: no line, no file
     assert measured.keep_choice(run, out) is None and capsys.readouterr().err == ""

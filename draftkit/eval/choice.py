@@ -163,7 +163,8 @@ def save(rep: dict, cfg, eval_dir: Path, export_dir: Path) -> dict:
 
 def load(eval_dir: Path, export_dir: Path) -> tuple[dict | None, str | None]:
     """(choice, None) when <eval_dir>/choice.json measured the weights now in `export_dir`;
-    (None, why) when it exists but measured other weights; (None, None) when there is none."""
+    (None, why) when it exists but measured other weights or was picked by an older rule;
+    (None, None) when there is none."""
     path = Path(eval_dir) / CHOICE_FILE
     if not path.is_file():
         return None, None
@@ -171,4 +172,8 @@ def load(eval_dir: Path, export_dir: Path) -> tuple[dict | None, str | None]:
     if choice.get("measured", {}).get("export_weights") != weights_fingerprint(export_dir):
         return None, (f"{path} measured other draft weights than {export_dir} holds now: "
                       "re-run `draftkit eval` to pick the method and k for this draft")
+    if "temperature" not in choice:  # written before the safe-at-every-T rule
+        return None, (f"{path} was picked by an older rule (the geometric mean of speedup over "
+                      "T, which could serve a method slower than no speculation at T=1): "
+                      "re-run `draftkit eval` to pick the method and k again")
     return choice, None
