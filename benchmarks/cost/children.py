@@ -74,7 +74,7 @@ def _read(path: Path) -> str:
 
 def stream(mode: str, run: Path) -> dict:
     """One cost/stream.py measurement of `mode` (materialise | stream | train) on `run`."""
-    import torch
+    import torch  # deferred, as every import below: this process measures its own memory
 
     torch.set_num_threads(1)
     sampler = MemSampler()
@@ -120,7 +120,7 @@ def stream(mode: str, run: Path) -> dict:
 
 def capture(run: str, policy: str, rollouts: str, mode: str) -> dict:
     """One cost/capture.py refresh of `run` with refresh.capture=`mode` (online | harvest)."""
-    import torch
+    import torch  # deferred, as the import below: this process measures its own memory
 
     from draftkit.rl.job import refresh
 
