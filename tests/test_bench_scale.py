@@ -29,6 +29,9 @@ def test_bench_scale_measures_each_phase_and_projects_from_it(tmp_path, monkeypa
     h, b, t, r = res["harvest"], res["bare_forward"], res["train"], res["refresh"]
     assert h["tokens"] == b["tokens"] == 8 * 128  # harvest and bare forward: the same tokens
     assert res["harvest_vs_bare"] == pytest.approx(h["tokens_per_s"] / b["tokens_per_s"])
+    dec = res["bare_decoder"]  # what harvest computes: the decoder without lm_head
+    assert dec["tokens"] == h["tokens"] and res["harvest_vs_decoder"] == pytest.approx(
+        h["tokens_per_s"] / dec["tokens_per_s"])
     assert h["bytes_per_token"] == 4 * 128 * 2  # 3 aux + last states of hidden 128, bf16
     assert t["batch_shapes"] == [[8, 128]] and t["tokens"] == 2 * 8 * 128  # 2 timed steps
     assert (r["heldout_rows"], r["train_rows"]) == (1, 7)

@@ -61,9 +61,13 @@ class TargetInfo:
 
 def default_aux_layer_ids(num_hidden_layers: int) -> list[int]:
     """EAGLE-3 default in the vLLM convention (id k = hidden state entering layer k):
-    [2, N//2, N-3], e.g. [2, 18, 33] for Qwen3-8B's 36 layers."""
+    [2, N//2, N-3], e.g. [2, 18, 33] for Qwen3-8B's 36 layers. A target of fewer than 7 layers
+    (a `random:<name>@layers=N` cut) gets ids spread over what it has, 0 and N included
+    (N = 2 -> [0, 1, 2]): vLLM captures every id in 0..N."""
     n = num_hidden_layers
-    return [2, n // 2, n - 3]
+    if n >= 7:
+        return [2, n // 2, n - 3]
+    return sorted({round(i * n / 2) for i in range(3)})
 
 
 def draft_vocab_rule(target_vocab: int) -> int:

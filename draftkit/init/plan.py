@@ -233,7 +233,7 @@ def make(cfg: RunConfig, paths: artifacts.RunPaths, results_dirs: list[Path] | N
     bpt = bytes_per_token(len(cfg.draft.aux_layer_ids), cfg.target.hidden_size,
                           cfg.harvest.dtype) + ID_BYTES
     disk = counts["tokens"] * bpt
-    free, where = artifacts.free_disk(paths.harvest)
+    free, _measured = artifacts.free_disk(paths.harvest)
     r, source = rates(cfg, per, results_dirs, hw)
     tr = cfg.train
     train_tokens = counts["tokens"] * tr.epochs
@@ -248,7 +248,7 @@ def make(cfg: RunConfig, paths: artifacts.RunPaths, results_dirs: list[Path] | N
                 eval_samples=counts["eval"], tokens_per_sample=per,
                 regen_tokens=counts["regen"], harvest_tokens=counts["tokens"],
                 bytes_per_token=bpt, taps=list(cfg.draft.aux_layer_ids), disk_bytes=disk,
-                disk_dir=str(where), free_bytes=free, fits=fits(disk, free), mode=tr.mode,
+                disk_dir=str(paths.harvest), free_bytes=free, fits=fits(disk, free), mode=tr.mode,
                 memory=memory(cfg, bpt), memory_limit=memory_limit(dev), rates=r,
                 rates_from=source, seconds=seconds)
 
