@@ -71,7 +71,7 @@ class BenchConfig:
             raise DraftkitError(f"bench_refresh needs draft_run, policy_vn and rollouts (missing: "
                                 f"{', '.join(missing + ([] if self.rollouts else ['rollouts']))});"
                                 " rl_loop.py writes <out>/policy and <out>/rollouts")
-        from draftkit.serving.vllm_engine import draft_sampling
+        from draftkit.drafts.kind import draft_sampling
 
         draft_sampling(self.draft_sampling)  # a clear error before any engine starts
         if bad := [m for m in self.free_methods if m not in FREE]:
@@ -169,7 +169,7 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
             extra=vllm_engine.suffix_engine_kwargs(spec) or policy_sync.engine_kwargs()))
 
     def eagle3(draft_dir) -> dict:
-        return vllm_engine.eagle3_config(draft_dir, cfg.k, cfg.draft_sampling)
+        return vllm_engine.speculative_config("eagle3", cfg.k, draft_dir, cfg.draft_sampling)
 
     rows, swap = {}, {}
     with engine(v0, eagle3(v0_draft)) as llm:

@@ -128,7 +128,8 @@ def speculative_config(cfg: LoopConfig) -> dict | None:
         return vllm_engine.suffix_config(cfg.k)
     if cfg.draft == "eagle3":  # drafted as the draft run says (draft.draft_sample_method)
         sample = config.load(cfg.draft_run).draft.draft_sample_method
-        return vllm_engine.eagle3_config(DraftStore(cfg.draft_run).current_dir(), cfg.k, sample)
+        current = DraftStore(cfg.draft_run).current_dir()
+        return vllm_engine.speculative_config("eagle3", cfg.k, current, sample)
     return None
 
 

@@ -21,8 +21,8 @@ from draftkit.prepare.stage import prepare
 from draftkit.rl.drift import drift
 from draftkit.rl.job import refresh
 from draftkit.rl.refresher import DraftRefresher
+from draftkit.rl.rollout_servers import swap
 from draftkit.rl.watch import watch
-from draftkit.serving.engines import swap
 from draftkit.target.load import load_target
 from draftkit.train.stage import train
 

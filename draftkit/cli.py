@@ -196,7 +196,7 @@ def run(argv: list[str] | None = None) -> int:
             print(f"{info.name:24s} {info.hub_id or '(in-process)':40s} layers={info.num_hidden_layers}"
                   f" hidden={info.hidden_size} vocab={info.vocab_size}")
     elif args.verb == "env":
-        from draftkit.serving.env import render, report
+        from draftkit.env_report import render, report
 
         if args.run and "=" in args.run and not Path(args.run).exists():  # `env key=value`
             args.run, args.overrides = None, [args.run, *args.overrides]
@@ -207,7 +207,7 @@ def run(argv: list[str] | None = None) -> int:
         print(render(project_step(args.generation_s, args.step_s, args.rollout_speedup,
                                   args.mode, args.other_delta_s)))
     elif args.verb == "swap":
-        from draftkit.serving.engines import swap
+        from draftkit.rl.rollout_servers import swap
 
         urls = [u for u in args.urls if "=" not in u]  # `swap URL key=value`: an override
         swap(urls, args.draft, [*(u for u in args.urls if "=" in u), *args.overrides])

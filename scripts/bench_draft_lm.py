@@ -48,10 +48,13 @@ def make_run(src: Path, run: Path, layers: int, overrides: list[str]):
 def measure(cfg, exports: dict[str, Path], prompts) -> list[dict]:
     """One engine per (method, k) of eval.k_values, reused over eval.temperatures and
     eval.batch_sizes (eval's own loop, draftkit.eval.stage.measure_grid)."""
+    from draftkit.drafts import kind as kinds
     from draftkit.eval.stage import measure_grid
 
     grid = [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in METHODS]
-    return measure_grid(cfg, grid, exports, prompts)[0]
+    served_by = {"eagle3": kinds.get("eagle3"), "draft_model": kinds.get("draft-lm")}
+    drafts = {m: (served_by[m], export) for m, export in exports.items()}
+    return measure_grid(cfg, grid, drafts, prompts)[0]
 
 
 def draft_size(export_dir: Path) -> dict:

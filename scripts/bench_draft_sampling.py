@@ -66,11 +66,12 @@ def measure(cfg, export: Path, prompts: dict[str, list[list[int]]], temps: list[
     from draftkit.serving import vllm_engine
 
     k = cfg.draft.num_speculative_tokens
-    kind = kinds.of(cfg).method  # how vLLM serves the run's draft kind
+    kind = kinds.of(cfg)  # how vLLM serves the run's draft (its method labels the rows)
     rows = []
     for who, sample in ROWS:
-        method = kind if who == "draft" else who
-        spec = vllm_engine.speculative_config(method, k, export, sample)
+        method = kind.method if who == "draft" else who
+        spec = vllm_engine.speculative_config(kind.name if who == "draft" else who, k, export,
+                                              sample)
         rows += [{"draft_sample_method": sample, **r} for r in _bench.serve_splits(
             cfg, method, None if method == "none" else k, spec, prompts, temps, batch)]
     base = {(r["split"], r["temperature"]): r["tokens_per_s"] for r in rows

@@ -82,7 +82,9 @@ def main() -> int:
     cfg.eval.k_values = sorted({args.k, *_ints(args.draft_k),  # engines sized for the largest
                                 sched.get("speculative_config", {}).get("num_speculative_tokens", 1)})
     prompts = splits.build(args.run, cfg, max(args.prompts, args.latency_prompts))
-    engines = [("none", "none", None, None), *((m, m, args.k, None) for m in FREE)]
+    # (label, row method, k, (what serves it: a baseline or a kind's name, its export))
+    engines = [("none", "none", None, ("none", None)),
+               *((m, m, args.k, (m, None)) for m in FREE)]
     for entry in [args.run, *(r for r in args.drafts.split(",") if r)]:
         run, _, ks = entry.partition(":")  # RUN or RUN:K1/K2 (its own k values)
         opened = config.open_run(run)
@@ -90,12 +92,13 @@ def main() -> int:
         if not (opened.export_dir / "config.json").is_file():
             print(f"error: {run} has no export; run `draftkit export {run}`", file=sys.stderr)
             return 2
-        engines += [(f"{Path(run).name} ({kind.name})", kind.method, k, opened.export_dir)
+        engines += [(f"{Path(run).name} ({kind.name})", kind.method, k,
+                     (kind.name, opened.export_dir))
                     for k in (_ints(ks.replace("/", ",")) if ks else _ints(args.draft_k))]
     t0 = time.perf_counter()
     rows = []
-    for label, method, k, export in engines:
-        rows += serve(args, cfg, label, method, k, export, prompts)
+    for label, method, k, served in engines:
+        rows += serve(args, cfg, label, method, k, served, prompts)
     rows += serve_choice(args, cfg, exported, why, rows, prompts)
     bench = {"rows": rows, "choice": choose(rows), "argv": sys.argv, "smoke": args.smoke,
              "exported": exported, "exported_missing": why,
@@ -116,11 +119,14 @@ def _ints(csv: str) -> list[int]:
     return [int(x) for x in str(csv).split(",") if x]
 
 
-def serve(args, cfg, label: str, method: str, k: int | None, export, prompts: dict) -> list[dict]:
-    """One engine: every (split, T, batch) row, or rows saying why it was not measured."""
+def serve(args, cfg, label: str, method: str, k: int | None, served: tuple,
+          prompts: dict) -> list[dict]:
+    """One engine: every (split, T, batch) row, or rows saying why it was not measured.
+    `served` = (a baseline or a draft kind's name, the draft's export dir or None)."""
     from draftkit.serving import vllm_engine
 
-    spec = vllm_engine.speculative_config(method, k, export, cfg.draft.draft_sample_method)
+    source, export = served
+    spec = vllm_engine.speculative_config(source, k, export, cfg.draft.draft_sample_method)
     return serve_spec(args, cfg, label, method, k, spec, prompts)
 
 

@@ -1,6 +1,6 @@
 """Benchmark (#34 part 2): where a speculative step's time goes in vLLM, per method and batch.
 
-One timed vLLM engine per method (draftkit/serving/step_timers.py: wall time of every engine
+One timed vLLM engine per method (benchmarks/step_timers.py: wall time of every engine
 step split into target forward, target logits, sampling/rejection, each draft forward, the draft
 lm_head, the rest of drafting, and everything else), on the hand-written math prompts
 (data_recipes/eval), greedy, k=3, at batch 1, 8, 16 and 32: tokens/s, tokens per target step,
@@ -26,9 +26,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
 import _bench  # noqa: E402
 
 DRAFTS = ("eagle3", "draft_model")  # methods with a draft model (profiled)
+SERVED_BY = {"draft_model": "draft-lm"}  # a row's method -> the draft kind serving it
 PART_LABELS = {"target_forward": "target fwd", "target_logits": "target logits",
                "sample": "sample/reject", "draft_forward": "draft fwds",
                "draft_logits": "draft lm_head", "draft_other": "drafting other",
@@ -159,10 +161,11 @@ def serve(args, cfg, method: str, draft, prompts, batches: list[int], compiled: 
           rows: list, profiles: list, engines: list, k: int | None = None) -> None:
     """One timed engine for `method` at k (default --k): a row per batch (+ profiles of a
     model draft, eager)."""
-    from draftkit.serving import step_timers, vllm_engine
+    from benchmarks import step_timers
+    from draftkit.serving import vllm_engine
 
     k = None if method == "none" else (k or args.k)
-    spec = vllm_engine.speculative_config(method, k, draft)
+    spec = vllm_engine.speculative_config(SERVED_BY.get(method, method), k, draft)
     es = vllm_engine.run_engine_spec(cfg, spec, prompts, batch_size=max(batches))
     es.extra, es.enforce_eager = step_timers.engine_kwargs(spec), not compiled
     why = vllm_engine.suffix_unavailable() if method == "suffix" else None
@@ -195,8 +198,9 @@ def serve(args, cfg, method: str, draft, prompts, batches: list[int], compiled: 
 
 def timed_row(llm, method: str, k: int | None, qs, batch: int, max_new_tokens: int) -> dict:
     """vllm_engine.measure at `batch` with the step timers reset before and read after."""
+    from benchmarks import step_timers
     from draftkit.eval import stage
-    from draftkit.serving import step_timers, vllm_engine
+    from draftkit.serving import vllm_engine
 
     if method == "suffix":  # its global tree would hold the previous batch's answers to qs
         vllm_engine.reset_suffix_cache(llm)
@@ -215,7 +219,8 @@ def timed_row(llm, method: str, k: int | None, qs, batch: int, max_new_tokens: i
 
 def profile(llm, method: str, qs, batch: int, args) -> list[dict]:
     """torch.profiler and cProfile over the proposes of `profile_steps` decode steps."""
-    from draftkit.serving import step_timers, vllm_engine
+    from benchmarks import step_timers
+    from draftkit.serving import vllm_engine
 
     out = []
     tokens = (args.k + 1) * (args.profile_steps + 4)  # enough decode steps at any acceptance

@@ -97,8 +97,8 @@ class Streams:
 
 def push_timed(run, url, version, probe_tokens: int | None = None) -> dict:
     """One push (engines.push: the CLI's code path), timed from the caller's side."""
+    from draftkit.rl import rollout_servers as engines
     from draftkit.rl.publish import DraftStore
-    from draftkit.serving import engines
 
     over = [f"refresh.probe_max_tokens={probe_tokens}"] if probe_tokens else []
     t0 = time.time()

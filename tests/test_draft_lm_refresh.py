@@ -148,7 +148,7 @@ def test_swap_into_a_live_engine_applies_the_refreshed_draft_lm(setup, published
     export_dir = artifacts.RunPaths(setup["run"]).export
     spec = vllm_engine.EngineSpec(
         model=str(tiny_target.path), dtype="float32", max_model_len=256,
-        speculative_config=vllm_engine.draft_model_config(export_dir, K),
+        speculative_config=vllm_engine.speculative_config("draft-lm", K, export_dir),
         extra=drafter_swap.engine_kwargs())
     probes = prompts(tiny_target.tokenizer, 8, 0)  # prompts of the rollouts trained on
     params = vllm_engine.sampling(0.0, 24)

@@ -71,7 +71,7 @@ def _train_and_export(tmp_path_factory, tiny_target):
 @pytest.fixture(scope="module")
 def llm(trained):
     spec = vllm_engine.run_engine_spec(
-        trained["cfg"], vllm_engine.speculative_config("draft_model", K, trained["out"]),
+        trained["cfg"], vllm_engine.speculative_config("draft-lm", K, trained["out"]),
         trained["prompts"], batch_size=PROMPTS)
     assert spec.speculative_config["method"] == "draft_model"
     with vllm_engine.engine(spec) as engine:

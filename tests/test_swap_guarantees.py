@@ -28,7 +28,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import drafter_swap
+from draftkit.serving import drafter_swap, sleep_wake
 from draftkit.serving.drafter_swap import DraftSwapError
 
 K, GEN = 3, 40
@@ -84,7 +84,7 @@ def llm(run_with_versions, tiny_target):
     store = run_with_versions["store"]
     spec = vllm_engine.EngineSpec(
         model=str(tiny_target.path), dtype="float32", max_model_len=256,
-        speculative_config=vllm_engine.eagle3_config(store.current_link, K),  # drafts/current
+        speculative_config=vllm_engine.speculative_config("eagle3", K, store.current_link),  # drafts/current
         extra=drafter_swap.engine_kwargs())
     with vllm_engine.engine(spec) as engine:
         yield engine
@@ -199,20 +199,20 @@ class _Engine:
 
 def test_sleep_wake_failures_are_failures_not_unsupported(tmp_path):
     args = (KIND, tmp_path, [[1, 2, 3]], 1.2)
-    res = drafter_swap.sleep_wake_check(
+    res = sleep_wake.check(
         _Engine(sleep=ValueError("Sleep mode is not supported on current platform.")), *args)
     assert res["supported"] is False and "not supported" in res["reason"]
     with pytest.raises(DraftSwapError, match="wake_up raised") as e:
-        drafter_swap.sleep_wake_check(_Engine(wake=RuntimeError("cumem restore")), *args)
+        sleep_wake.check(_Engine(wake=RuntimeError("cumem restore")), *args)
     assert isinstance(e.value.__cause__, RuntimeError)
     with pytest.raises(DraftSwapError, match="not fully awake"):
-        drafter_swap.sleep_wake_check(_Engine(awake=False), *args)
+        sleep_wake.check(_Engine(awake=False), *args)
     engine = _Engine(sleep=RuntimeError("offload failed"))
     with pytest.raises(DraftSwapError, match="sleep failed"):
-        drafter_swap.sleep_wake_check(engine, *args)
+        sleep_wake.check(engine, *args)
     assert engine.calls == ["sleep", "wake_up"]  # it tried to leave the engine awake
     with pytest.raises(DraftSwapError, match="needs probe prompts"):
-        drafter_swap.sleep_wake_check(_Engine(), KIND, tmp_path, [], 1.2)
+        sleep_wake.check(_Engine(), KIND, tmp_path, [], 1.2)
 
 
 def test_probes_exist_without_a_tokenizer_and_never_silently_empty(tmp_path, tiny_target):
@@ -271,7 +271,8 @@ def test_a_reload_refreshes_the_cached_mask_state_of_a_parallel_eagle_drafter():
                               eagle3_use_aux_hidden_state=True,
                               parallel_drafting_hidden_state_tensor=torch.zeros(2))
     worker = SimpleNamespace(model_runner=SimpleNamespace(drafter=drafter))
-    sync = drafter_swap.DrafterSwap.draftkit_sync_parallel_hidden
+    def sync(w):  # the worker's after-load step, asked of the P-EAGLE kind
+        return drafter_swap.DrafterSwap.draftkit_after_load(w, "peagle")
     model.mask_hidden = torch.randn(1, 6)  # what a reload put in place
     assert sync(worker)
     with torch.no_grad():

@@ -51,9 +51,12 @@ class TargetConfig:
     dtype: str = "auto"  # forward dtype; auto = native bf16 (CUDA, AVX512-BF16/AMX) else fp32
 
 
+DEFAULT_KIND = "eagle3"  # the draft kind of a run that names none (init --draft, a bare draft dir)
+
+
 @dataclass
 class DraftConfig:
-    kind: str = "eagle3"  # eagle3 | draft-lm
+    kind: str = DEFAULT_KIND  # a folder of drafts/: eagle3 | draft-lm | peagle | pard (drafts/kind.py)
     num_speculative_tokens: int = 3  # k; 3 was best in the NeMo-RL study
     # how vLLM drafts at T > 0 (its speculative_config.draft_sample_method): greedy (vLLM's
     # default) = the draft's argmax, accepted with the target's p(x); probabilistic = sampled

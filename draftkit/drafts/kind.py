@@ -16,6 +16,9 @@ line in `BUILTIN` (or a `register(...)` call from code outside draftkit).
   export and eval
     export_run(run) -> Path          write <run>/export (or export.out) from train/best; the
                                      stage runs the vLLM parity check after it
+    speculative_config(dir, k, sample)   vLLM's speculative_config that serves the draft in
+                                     `dir` ("." in an export's own file) drafting k tokens;
+                                     `sample` = draft.draft_sample_method (`draft_sampling`)
     export_shapes(conf, cfg)         {field: (found, wanted)} of an export's config.json against
                                      the run's target: what eval checks before serving it
     load_export(dir, target_model)   the exported draft as a torch module (reference decoder)
@@ -31,16 +34,26 @@ line in `BUILTIN` (or a `register(...)` call from code outside draftkit).
     export(model, tmp, final, cfg)   a refreshed model as a dir vLLM loads as it is
     engine_view(dir)                 the published tensors as vLLM's drafter holds them (names,
                                      fused qkv/gate_up): what a swap's hash check compares
+  inside vLLM (serving/)
+    vllm_patches() -> [install]      functions the vLLM plugin (serving/vllm_plugin.py) calls in
+                                     every vLLM process: the kind's fixes to vLLM (idempotent)
+    after_load(drafter) -> bool      runs in a vLLM worker after an in-place drafter reload
+                                     (serving/drafter_swap.py): state vLLM derived from the
+                                     weights once, at load; False when there is none
+
+`KindDefaults` holds the hooks most kinds leave alone (no patches, nothing after a load).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from draftkit.core.config import ConfigError
 from draftkit.core.errors import DraftkitError
 
 
@@ -76,6 +89,37 @@ class DraftKind(Protocol):
     def export(self, model, tmp: Path, final: Path, cfg) -> None: ...
 
     def engine_view(self, directory: Path) -> dict[str, torch.Tensor]: ...
+
+    def speculative_config(self, directory: str | Path, k: int | None,
+                           sample: str = "greedy") -> dict: ...
+
+    def vllm_patches(self) -> list[Callable[[], None]]: ...
+
+    def after_load(self, drafter) -> bool: ...
+
+
+class KindDefaults:
+    """The serving hooks of a kind that needs nothing of vLLM beyond its speculative config."""
+
+    def vllm_patches(self) -> list[Callable[[], None]]:
+        return []
+
+    def after_load(self, drafter) -> bool:
+        return False
+
+
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+def draft_sampling(sample: str) -> dict:
+    """vLLM's `draft_sample_method` (draft.draft_sample_method): greedy (vLLM's default, left
+    out) drafts the argmax and verifies it as one-hot, accepting with the target's p(x);
+    probabilistic samples from the draft at the request's temperature and verifies against its
+    probabilities, accepting with sum min(p, q). Both lossless; at T = 0 both draft the argmax."""
+    if sample not in DRAFT_SAMPLE_METHODS:
+        raise ConfigError(f"draft.draft_sample_method={sample!r}; choose one of "
+                          f"{', '.join(DRAFT_SAMPLE_METHODS)}")
+    return {} if sample == "greedy" else {"draft_sample_method": sample}
 
 
 # name -> module whose import registers the kind (kept lazy: a kind pulls in its model code)

@@ -207,31 +207,39 @@ def started(spec: vllm_engine.EngineSpec):
 
 
 def methods(cfg) -> list[tuple[str, int | None]]:
-    kind = kinds.of(cfg).method
-    return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in (*FREE, kind)]
+    draft = kinds.of(cfg).method
+    return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in (*FREE, draft)]
 
 
 def measure_vllm(cfg, export_dir: Path, prompts, extra: dict | None = None
                  ) -> tuple[list[dict], dict, list[dict]]:
     """One row per (method, k, T, batch); the generated ids per row key for the lossless check;
     rows of the `extra` prompt splits (eval.splits) at the largest batch."""
-    grid = methods(cfg)
-    return measure_grid(cfg, grid, {method: export_dir for method, _ in grid}, prompts, extra)
+    kind = kinds.of(cfg)
+    return measure_grid(cfg, methods(cfg), {kind.method: (kind, export_dir)}, prompts, extra)
 
 
-def measure_grid(cfg, grid: list[tuple[str, int | None]], exports: dict[str, Path],
+def engine_config(cfg, method: str, k: int | None, drafts: dict[str, tuple]) -> dict | None:
+    """vLLM's speculative_config of a grid row: a draft's, asked of its kind (`drafts[method]`
+    = (kind, export dir)), else the baseline's (none, ngram, suffix)."""
+    if method in drafts:
+        kind, export_dir = drafts[method]
+        return kind.speculative_config(export_dir, k, cfg.draft.draft_sample_method)
+    return vllm_engine.speculative_config(method, k)
+
+
+def measure_grid(cfg, grid: list[tuple[str, int | None]], drafts: dict[str, tuple],
                  prompts, extra: dict[str, list] | None = None
                  ) -> tuple[list[dict], dict, list[dict]]:
-    """measure_vllm over any (method, k) grid, method serving `exports[method]` (none: no
-    speculation; scripts/bench_draft_lm.py puts two draft kinds side by side). Each engine
-    also serves every `extra` split ({name: prompts}) at the largest batch: split rows."""
+    """measure_vllm over any (method, k) grid, a draft's method served by `drafts[method]` =
+    (kind, export dir) (none: no speculation; scripts/bench_draft_lm.py puts two draft kinds
+    side by side). Each engine also serves every `extra` split ({name: prompts}) at the
+    largest batch: split rows."""
     extra = extra or {}
     rows, outputs, split_rows = [], {}, []
     every = [*prompts, *(q for qs in extra.values() for q in qs)]  # engine sized for all
     for method, k in tqdm(grid, desc="vLLM engines", unit="engine"):
-        spec = vllm_engine.speculative_config(method, k, exports.get(method),
-                                              cfg.draft.draft_sample_method)
-        es = vllm_engine.run_engine_spec(cfg, spec, every)
+        es = vllm_engine.run_engine_spec(cfg, engine_config(cfg, method, k, drafts), every)
         why = vllm_engine.suffix_unavailable() if method == "suffix" else None
         if why is None:
             try:
@@ -308,7 +316,8 @@ def row(method: str, k: int | None, temperature: float, m: dict) -> dict:
 def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
     """fp32 greedy with the export vs without speculation: exact-sequence match rate."""
     e = cfg.eval
-    kind = kinds.of(cfg).method
+    draft = kinds.of(cfg)
+    kind = draft.method
     k = cfg.draft.num_speculative_tokens if cfg.draft.num_speculative_tokens in e.k_values \
         else max(e.k_values)
     b = min(e.batch_sizes)
@@ -323,9 +332,8 @@ def lossless_vllm(cfg, export_dir: Path, prompts, outputs: dict) -> dict:
     else:
         params = vllm_engine.sampling(0.0, e.max_new_tokens)
         got = []
-        for method in ("none", kind):
-            es = vllm_engine.run_engine_spec(
-                cfg, vllm_engine.speculative_config(method, k, export_dir), prompts, "float32")
+        for spec in (None, draft.speculative_config(export_dir, k)):
+            es = vllm_engine.run_engine_spec(cfg, spec, prompts, "float32")
             with started(es) as llm:
                 got.append(vllm_engine.generate(llm, prompts, params, batch_size=b).token_ids)
         plain, spec, source, free = got[0], got[1], "fp32 engines", {}

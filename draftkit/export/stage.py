@@ -53,13 +53,6 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     return out
 
 
-def speculative_config(k: int, method: str = "eagle3", sample: str = "greedy") -> dict:
-    """speculative_config.json: the draft is this directory ("."), wherever it was moved;
-    `sample` = draft.draft_sample_method (vllm_engine.draft_sampling)."""
-    return {"method": method, "model": ".", "num_speculative_tokens": k,
-            **vllm_engine.draft_sampling(sample)}
-
-
 def load_speculative_config(export_dir: str | Path) -> dict:
     """An export's speculative_config.json with `model` resolved against the export dir."""
     export_dir = Path(export_dir)
@@ -139,9 +132,8 @@ def parity_check(run: Run, export_dir: Path, llm=None) -> dict:
     params = vllm_engine.sampling(0.0, cfg.eval.max_new_tokens)
     t0 = time.perf_counter()
     if llm is None:
-        method = kinds.of(cfg).method
-        spec = vllm_engine.run_engine_spec(cfg, vllm_engine.speculative_config(method, k, export_dir), prompts,
-                                           batch_size=len(prompts))
+        spec = vllm_engine.run_engine_spec(cfg, kinds.of(cfg).speculative_config(export_dir, k),
+                                           prompts, batch_size=len(prompts))
         with vllm_engine.engine(spec) as engine:
             m = vllm_engine.measure(engine, prompts, params, batch_size=len(prompts))
     else:

@@ -18,6 +18,8 @@ vLLM gets a worker extension (`worker_extension_cls`, methods called through
                                form, which differs from the published tensors on the CPU)
   draftkit_drafter_path()      the resolved dir the drafter was last loaded from, by either
                                path (the start path is resolved on the first call: see below)
+  draftkit_after_load(kind)    the draft kind's step after every load (drafts/kind.py
+                               `after_load`: state vLLM derived from the weights at load)
 The health check compares those hashes with the published tensors (`kind.engine_view`, cast
 to the worker's dtype) and runs probe prompts at T=0: the engine's own AL must exceed
 `min_al` (> 1.0). It cannot be skipped: no probes, or `min_al <= 1.0`, is refused before
@@ -52,6 +54,8 @@ from pathlib import Path
 import torch
 
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
+from draftkit.serving import vllm_engine
 
 EXTENSION = "draftkit.serving.drafter_swap.DrafterSwap"
 BACKEND = "draftkit"  # serving/weight_transfer.py's engine, registered by the vLLM plugin
@@ -147,22 +151,10 @@ class DrafterSwap:
         self._draftkit_drafter().draftkit_path = os.path.realpath(directory)
         return time.perf_counter() - t0
 
-    @torch.no_grad()
-    def draftkit_sync_parallel_hidden(self) -> bool:
-        """A P-EAGLE drafter's mask slots read `parallel_drafting_hidden_state_tensor`, which
-        vLLM computes from `mask_hidden` once, in the proposer's load_model (fc over the aux
-        states for EAGLE-3): an in-place reload leaves it stale. Recompute it as load_model
-        does; False where the drafter has none (every other kind)."""
-        drafter = self.model_runner.drafter
-        cached = getattr(drafter, "parallel_drafting_hidden_state_tensor", None)
-        model = drafter.model
-        if cached is None or not getattr(drafter, "pass_hidden_states_to_model", False) \
-                or not hasattr(model, "mask_hidden"):
-            return False
-        flat = model.mask_hidden.view(-1)  # [A*H] the learned aux states of a mask slot
-        cached.copy_(model.combine_hidden_states(flat)
-                     if getattr(drafter, "eagle3_use_aux_hidden_state", False) else flat)
-        return True
+    def draftkit_after_load(self, kind_name: str) -> bool:
+        """The draft kind's after-load step on the reloaded drafter (drafts/kind.py
+        `after_load`: e.g. P-EAGLE's cached mask-slot state); False where it has none."""
+        return kinds.get(kind_name).after_load(self.model_runner.drafter)
 
     @torch.no_grad()
     def draftkit_drafter_hashes(self) -> dict[str, list[str]]:
@@ -202,15 +194,16 @@ def transfer_path(llm) -> str:
     return NATIVE if ok else EXTENSION_PATH
 
 
-def load(llm, directory: str | Path, version: str | None = None) -> float:
+def load(llm, kind, directory: str | Path, version: str | None = None) -> float:
     """Reload the drafter in every worker (the native update where `transfer_path` says so;
-    `version` then becomes the engine's weight version); returns the seconds it took."""
+    `version` then becomes the engine's weight version), then the kind's after-load step;
+    returns the seconds it took."""
     t0 = time.perf_counter()
     if transfer_path(llm) == NATIVE:
         native_load(llm, directory, version)
     else:
         llm.collective_rpc("draftkit_load_drafter", args=(str(directory),))
-    llm.collective_rpc("draftkit_sync_parallel_hidden")  # P-EAGLE's cached mask state
+    llm.collective_rpc("draftkit_after_load", args=(kind.name,))
     return time.perf_counter() - t0
 
 
@@ -285,8 +278,6 @@ def require_check(probes: list[list[int]] | None, min_al: float) -> None:
 
 
 def probe_al(llm, probes: list[list[int]], max_tokens: int) -> dict | None:
-    from draftkit.serving import vllm_engine
-
     run = vllm_engine.measure(llm, probes, vllm_engine.sampling(0.0, max_tokens),
                               batch_size=len(probes))
     return run["spec"]
@@ -340,13 +331,13 @@ def load_checked(llm, kind, directory: str | Path, candidates: list[str | Path] 
             llm.update_weight_version(version)
         return report
     try:
-        report["swap_s"] = load(llm, directory, version)
+        report["swap_s"] = load(llm, kind, directory, version)
         report["loaded"] = True
         report["hash_problems"] = hash_problems(llm, kind, directory)[:10]
     except Exception as e:  # noqa: BLE001 - whatever broke, the old weights go back
-        raise _rolled_back(llm, report, e) from e
+        raise _rolled_back(llm, kind, report, e) from e
     if report["hash_problems"]:
-        state_, restored = roll_back(llm, report["previous"], report["held"],
+        state_, restored = roll_back(llm, kind, report["previous"], report["held"],
                                      report["previous_version"])
         raise DraftSwapError(
             f"drafter swap to {directory} failed its health check (hash problems: "
@@ -357,8 +348,8 @@ def load_checked(llm, kind, directory: str | Path, candidates: list[str | Path] 
     return report
 
 
-def _rolled_back(llm, report: dict, e: Exception) -> DraftSwapError:
-    state, restored = roll_back(llm, report["previous"], report["held"],
+def _rolled_back(llm, kind, report: dict, e: Exception) -> DraftSwapError:
+    state, restored = roll_back(llm, kind, report["previous"], report["held"],
                                 report["previous_version"])
     return DraftSwapError(
         f"drafter swap to {report['directory']} raised {type(e).__name__}: {str(e)[:300]}; "
@@ -380,12 +371,12 @@ def swap_into(llm, directory: str | Path, kind, probes: list[list[int]] | None, 
     try:
         spec = probe_al(llm, probes, max_tokens)
     except Exception as e:  # noqa: BLE001 - whatever broke, the old weights go back
-        raise _rolled_back(llm, {**report, "held": held}, e) from e
+        raise _rolled_back(llm, kind, {**report, "held": held}, e) from e
     al = spec["acceptance_length"] if spec else 1.0
     report.update({"ok": al > min_al, "al": al, "min_al": min_al, "spec": spec})
     if report["ok"]:
         return report
-    state, restored = roll_back(llm, report["previous"], held, report["previous_version"])
+    state, restored = roll_back(llm, kind, report["previous"], held, report["previous_version"])
     raise DraftSwapError(
         f"drafter swap to {report['directory']} failed its health check (hash problems: "
         f"none; probe AL {al:.3f} vs minimum {min_al}); the previous weights from "
@@ -394,12 +385,12 @@ def swap_into(llm, directory: str | Path, kind, probes: list[list[int]] | None, 
         "failed", report["directory"], report["previous"], restored)
 
 
-def roll_back(llm, previous: str, held: list[dict],
+def roll_back(llm, kind, previous: str, held: list[dict],
               version: str | None = None) -> tuple[str, bool]:
     """Reload `previous` (weight version back to `version`); ("restored", True) when every
     worker's hashes equal `held` again."""
     try:
-        load(llm, previous, version)
+        load(llm, kind, previous, version)
         now = engine_hashes(llm)
     except Exception as e:  # noqa: BLE001 - reported in the caller's error
         return f"NOT restored (the rollback raised {type(e).__name__}: {str(e)[:200]})", False
@@ -408,10 +399,3 @@ def roll_back(llm, previous: str, held: list[dict],
     bad = sorted({n for h, g in zip(held, now, strict=False) for n in h if g.get(n) != h[n]})
     return f"NOT restored ({len(bad)} tensors differ, e.g. {bad[:3]}): restart the engine", False
 
-
-def sleep_wake_check(llm, kind, directory: str | Path, probes: list[list[int]] | None,
-                     min_al: float, max_tokens: int = 64, level: int = 1) -> dict:
-    """Sleep and wake the engine, check again, reload a lost drafter (serving/sleep_wake.py)."""
-    from draftkit.serving import sleep_wake
-
-    return sleep_wake.check(llm, kind, directory, probes, min_al, max_tokens, level)

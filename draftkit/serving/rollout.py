@@ -18,7 +18,7 @@ Every failure raises `EngineError` naming the engine: `transport` (unreachable, 
 answer that is not draftkit's: what the engine serves is unknown, nothing was decided),
 `refused` (nothing loaded), `failed` (the check failed; `restored` says whether the previous
 draft is back) or `error` (the swap raised; the server rolled back). Nothing here touches a
-run's store: engines.py decides what a failure means for it.
+run's store: rl/rollout_servers.py decides what a failure means for it.
 
 The secret comes from DRAFTKIT_SWAP_SECRET (never a command-line flag); `/v1` calls carry
 `Authorization: Bearer $VLLM_API_KEY` when that is set (vLLM's `--api-key`).
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from draftkit.core.errors import DraftkitError
 from draftkit.serving.counters import SpecCounters
-from draftkit.serving.drafter_swap import SECRET_ENV, version_name
+from draftkit.serving.drafter_swap import SECRET_ENV, require_check, version_name
 from draftkit.serving.rollout_routes import HEADER, PREFIX
 
 COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts",
@@ -154,8 +154,6 @@ def swap_engine(url: str, directory: str | Path, kind: str, probes: list[list[in
     """Swap `directory` into the engine at `url` and check it (module doc); the report, or
     EngineError. `reload_held=False`: an engine already holding these tensors is not reloaded
     (a check after a sleep/wake reloads only a draft that was lost)."""
-    from draftkit.serving.drafter_swap import require_check
-
     require_check(probes, min_al)
     directory = os.path.realpath(directory)
     version = version or version_name(directory)

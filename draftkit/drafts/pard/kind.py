@@ -52,6 +52,12 @@ class PardKind(DraftLMKind):
 
         return export_run(run)
 
+    def speculative_config(self, directory: str | Path, k: int | None,
+                           sample: str = "greedy") -> dict:
+        """The draft-lm config with `parallel_drafting`: vLLM 0.32 drafts a draft_model
+        autoregressively unless told (it reads the mask token from config.json's pard_token)."""
+        return {**super().speculative_config(directory, k, sample), "parallel_drafting": True}
+
     def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
         token = conf.get("pard_token")
         ok = isinstance(token, int) and 0 <= token < cfg.target.vocab_size

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle3 import format as eagle3_fmt
 from draftkit.drafts.eagle3.export import _target_ref, check_against_run, portable
 from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
 from draftkit.drafts.peagle import format as fmt
-from draftkit.export.stage import read_json, serving_snippets, speculative_config
+from draftkit.export.stage import read_json, serving_snippets
 
 
 def export_run(run) -> Path:
@@ -58,9 +59,8 @@ def export_run(run) -> Path:
 
 
 def run_speculative_config(k: int, cfg, model: str = ".") -> dict:
-    """vLLM's speculative_config of a P-EAGLE head: eagle3 with parallel_drafting."""
-    return {**speculative_config(k, sample=cfg.draft.draft_sample_method),
-            "parallel_drafting": True, "model": model}
+    """vLLM's speculative_config of a P-EAGLE head (the kind's: eagle3 with parallel_drafting)."""
+    return kinds.of(cfg).speculative_config(model, k, cfg.draft.draft_sample_method)
 
 
 def write_files(tmp: Path, out: Path, spec, tensors: dict, mask_token_id: int, cfg) -> None:

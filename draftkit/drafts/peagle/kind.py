@@ -2,8 +2,9 @@
 all k tokens (model.py), served by vLLM 0.32 as `method: eagle3, parallel_drafting: true` from
 a speculators `peagle` dir. Everything but the parallel slots is the EAGLE-3 kind's: the same
 harvest (aux + last), vocab, decoder layer, loss and refresh features, so it subclasses it.
-`method` "peagle" is what eval and export's parity check pass to vllm_engine.speculative_config
-(eagle3 + parallel_drafting); its eval rows read "peagle" beside "eagle3".
+Its speculative config is EAGLE-3's with `parallel_drafting`; eval rows read `method` "peagle"
+beside "eagle3". After an in-place reload in vLLM, `after_load` recomputes the mask slots' cached
+hidden state (vLLM derives it from `mask_hidden` once, at load).
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class PEagleKind(Eagle3Kind):
         from draftkit.drafts.peagle.export import export_run
 
         return export_run(run)
+
+    def speculative_config(self, directory: str | Path, k: int | None,
+                           sample: str = "greedy") -> dict:
+        return {**super().speculative_config(directory, k, sample), "parallel_drafting": True}
 
     def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
         from draftkit.drafts.peagle import format as fmt
@@ -90,6 +95,24 @@ class PEagleKind(Eagle3Kind):
         mask = out.pop("model." + fmt.MASK_HIDDEN)
         out[fmt.MASK_HIDDEN] = mask.reshape(1, -1)
         return out
+
+    # ----------------------------------------------------------------- inside vLLM
+
+    @torch.no_grad()
+    def after_load(self, drafter) -> bool:
+        """A P-EAGLE drafter's mask slots read `parallel_drafting_hidden_state_tensor`, which
+        vLLM computes from `mask_hidden` once, in the proposer's load_model (fc over the aux
+        states for EAGLE-3): an in-place reload leaves it stale. Recompute it as load_model
+        does; False where the drafter has none."""
+        cached = getattr(drafter, "parallel_drafting_hidden_state_tensor", None)
+        model = drafter.model
+        if cached is None or not getattr(drafter, "pass_hidden_states_to_model", False) \
+                or not hasattr(model, "mask_hidden"):
+            return False
+        flat = model.mask_hidden.view(-1)  # [A*H] the learned aux states of a mask slot
+        cached.copy_(model.combine_hidden_states(flat)
+                     if getattr(drafter, "eagle3_use_aux_hidden_state", False) else flat)
+        return True
 
 
 def _load(directory: Path, target_model, ttt_steps: int | None = None):

@@ -5,8 +5,8 @@
 
 Prints the device, CPU model and the flags that decide dtypes, torch and vLLM versions and
 vLLM's platform, the state of draftkit's vLLM plugin, and each compute dtype's resolution.
-It lives in serving/ because it probes the serving side (vLLM's platform, the plugin); the
-hardware facts come from core/hardware.py.
+A report for the CLI, beside it: it reads the serving side (vLLM's platform, the plugin,
+serving/vllm_plugin.py) and the hardware facts (core/hardware.py).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ import types
 
 import torch
 
-log = logging.getLogger("draftkit.serving.draft_argmax")
+log = logging.getLogger("draftkit.drafts.eagle3.draft_argmax")
 
 MARK = "_draftkit_draft_argmax"  # set on the wrapped EagleProposer.load_model
 CALLS = "draftkit_argmax_calls"  # counter on the draft model: how often `top_tokens` ran
