@@ -1,10 +1,12 @@
-"""scripts/bench_goals.py: the draft each (T, batch) gets is chosen on the own split only, and
-the goal ratio is its tokens/s over the better of n-gram and suffix decoding in each split."""
+"""benchmarks/serving/goals.py (scripts/bench_goals.py): the draft each (T, batch) gets is
+chosen on the own split only, and the goal ratio is its tokens/s over the better of n-gram and
+suffix decoding in each split."""
 
 from __future__ import annotations
 
 import pytest
-from _runs import script
+
+from benchmarks.serving import goals as goals_module
 
 
 def _row(label, method, k, split, temp, b, tps):
@@ -15,7 +17,7 @@ def _row(label, method, k, split, temp, b, tps):
 
 @pytest.fixture(scope="module")
 def goals():
-    return script("bench_goals")
+    return goals_module
 
 
 def test_choice_on_the_own_split_and_ratio_over_the_better_free_method(goals, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 from _runs import DRAFT, make_run, save_best
 
 from benchmarks import step_timers
+from benchmarks.serving import step
 
 K, GEN = 3, 24
 
@@ -50,10 +51,9 @@ def test_a_suffix_engine_gets_the_cache_reset_too():
 
 
 def test_bench_step_report_of_hand_made_rows(tmp_path):
-    """scripts/bench_step.py's tables and plot from summaries of hand-made steps."""
-    from _runs import script
-
-    bench_step = script("bench_step")
+    """benchmarks/serving/step.py's (scripts/bench_step.py) tables and plot from summaries of
+    hand-made steps."""
+    bench_step = step
     parts = {"target_forward": 0.010, "propose": 0.008, "draft_forward": 0.006}
     eagle = step_timers.summarize([_step(0.025, parts, [(8, 0.004), (2, 0.001), (2, 0.001)])])
     none = step_timers.summarize([_step(0.012, {"target_forward": 0.011})])
