@@ -5,6 +5,8 @@ the methods below; the stages never branch on a kind's name. Adding a kind is a 
 line in `BUILTIN` (or a `register(...)` call from code outside draftkit).
 
     name, method                     draft.kind in the run config; vLLM's speculative method
+    likely_causes                    what export's parity check names when vLLM's AL is far
+                                     from the simulated one
   init
     resolve(cfg, info)               fill and check the kind's draft.* fields for target `info`
                                      (its harvest needs: draft.aux_layer_ids, which states)
@@ -22,7 +24,10 @@ line in `BUILTIN` (or a `register(...)` call from code outside draftkit).
     export_shapes(conf, cfg)         {field: (found, wanted)} of an export's config.json against
                                      the run's target: what eval checks before serving it
     load_export(dir, target_model)   the exported draft as a torch module (reference decoder)
-    reference_drafter(draft, target) the reference decoder's drafter (eval/spec_decode.py);
+    draft_step_call(draft, b, pos)   one draft step of b sequences at `pos` for eval's cost model
+                                     (eval/costs.py); None: a causal LM, timed as a cached forward
+    reference_drafter(draft, target) the reference decoder's drafter (drafts/<kind>/drafter.py,
+                                     the begin/extend pair of eval/spec_decode.py);
                                      `aux_layer_ids(draft)`: what the HFTarget must capture
   refresh (rl/)
     load(dir, policy_model, k)       a published draft with its frozen target parts from the
@@ -41,7 +46,8 @@ line in `BUILTIN` (or a `register(...)` call from code outside draftkit).
                                      (serving/drafter_swap.py): state vLLM derived from the
                                      weights once, at load; False when there is none
 
-`KindDefaults` holds the hooks most kinds leave alone (no patches, nothing after a load).
+`KindDefaults` holds the hooks most kinds leave alone (no patches, nothing after a load, no
+draft step of its own).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from draftkit.core.errors import DraftkitError
 class DraftKind(Protocol):
     name: str
     method: str
+    likely_causes: tuple[str, ...]
 
     def resolve(self, cfg, info) -> None: ...
 
@@ -97,9 +104,20 @@ class DraftKind(Protocol):
 
     def after_load(self, drafter) -> bool: ...
 
+    def draft_step_call(self, draft, batch: int, position: int) -> Callable[[], object] | None: ...
+
+
+SERVED_TARGET_DIFFERS = "the served target differs from the trained one (dtype, revision, quantization)"
+
 
 class KindDefaults:
-    """The serving hooks of a kind that needs nothing of vLLM beyond its speculative config."""
+    """The hooks most kinds leave alone: no vLLM patches, nothing after a load, a draft step
+    timed as a cached forward of a causal LM."""
+
+    likely_causes = (SERVED_TARGET_DIFFERS,)
+
+    def draft_step_call(self, draft, batch: int, position: int) -> Callable[[], object] | None:
+        return None
 
     def vllm_patches(self) -> list[Callable[[], None]]:
         return []
@@ -128,6 +146,7 @@ BUILTIN = {
     "draft-lm": "draftkit.drafts.draft_lm.kind",
     "peagle": "draftkit.drafts.peagle.kind",
     "pard": "draftkit.drafts.pard.kind",
+    "dflash": "draftkit.drafts.dflash.kind",
 }
 _KINDS: dict[str, DraftKind] = {}
 

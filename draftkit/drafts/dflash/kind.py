@@ -1,0 +1,166 @@
+"""The DFlash draft as a draft kind (drafts/kind.py): a block-diffusion draft whose ONE forward
+proposes all k tokens (model.py), served by vLLM 0.32 as `method: "dflash"` (format.py). Its
+harvest is EAGLE-3's: the tap states `draft.aux_layer_ids` (vLLM convention; default EAGLE-3's
+[2, N//2, N-3], never the last layer) and the last pre-norm state for the verifier's targets.
+The block is k+1 slots (k = draft.num_speculative_tokens), trained and served the same.
+Its vLLM patch is the CPU context k_norm fix (vllm_patch.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from draftkit.core import artifacts, registry
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts.dflash import vllm_patch
+from draftkit.drafts.kind import KindDefaults, device_of, draft_sampling, fuse_projections, register
+
+
+class DFlashKind(KindDefaults):
+    name, method = "dflash", "dflash"
+
+    # ----------------------------------------------------------------- init, train
+
+    def resolve(self, cfg, info) -> None:
+        from draftkit.drafts.dflash import format as fmt
+
+        d = cfg.draft
+        if not d.aux_layer_ids:
+            d.aux_layer_ids = info.default_aux_layer_ids
+        fmt.check_taps(list(d.aux_layer_ids), info.num_hidden_layers)
+        if d.draft_vocab_size > info.vocab_size:
+            raise DraftkitError(
+                f"draft vocab {d.draft_vocab_size} is larger than {info.name}'s vocab "
+                f"({info.vocab_size}); set draft.draft_vocab_size <= {info.vocab_size} "
+                f"(default rule gives {registry.draft_vocab_rule(info.vocab_size)})")
+
+    def describe(self, cfg) -> str | None:
+        k = cfg.draft.num_speculative_tokens
+        return (f"DFlash: one draft forward proposes a block of k={k} tokens (vLLM method "
+                f"dflash), conditioned on target layers {list(cfg.draft.aux_layer_ids)}")
+
+    def check_train(self, cfg) -> None:
+        k, steps = cfg.draft.num_speculative_tokens, cfg.train.ttt_steps
+        if steps != k:
+            raise DraftkitError(
+                f"train.ttt_steps={steps} but draft.num_speculative_tokens={k}: a DFlash block "
+                f"is bidirectional, so it serves exactly the k it was trained with. Set "
+                f"train.ttt_steps={k}")
+
+    def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
+        from draftkit.drafts.dflash.build import build
+
+        return build(cfg, data_runs, target)
+
+    # ----------------------------------------------------------------- export, eval
+
+    def export_run(self, run) -> Path:
+        from draftkit.drafts.dflash.export import export_run
+
+        return export_run(run)
+
+    def speculative_config(self, directory: str | Path, k: int | None,
+                           sample: str = "greedy") -> dict:
+        return {"method": "dflash", "model": str(directory), "num_speculative_tokens": k,
+                **draft_sampling(sample)}
+
+    def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
+        from draftkit.drafts.dflash import format as fmt
+
+        spec = fmt.from_config(conf)
+        t = cfg.target
+        return {"hidden size": (spec.hidden_size, t.hidden_size),
+                "target hidden size": (spec.target_hidden_size, t.hidden_size),
+                "vocab": (spec.target_vocab_size, t.vocab_size)}
+
+    def load_export(self, directory: Path, target_model) -> torch.nn.Module:
+        from draftkit.drafts.dflash.model import DFlashDraft
+
+        return DFlashDraft.from_pretrained(directory, target_model)
+
+    def reference_drafter(self, draft, target):
+        from draftkit.drafts.dflash.drafter import DFlashDrafter
+
+        return DFlashDrafter(draft, target)
+
+    def aux_layer_ids(self, draft) -> list[int] | None:
+        return list(draft.spec.aux_layer_ids)
+
+    # ----------------------------------------------------------------- refresh
+
+    def load(self, directory: Path, policy_model, k: int):
+        from draftkit.drafts.dflash.model import DFlashDraft
+
+        model = DFlashDraft.from_pretrained(directory, policy_model)
+        if model.num_slots != k:
+            raise DraftkitError(f"{directory} drafts blocks of {model.num_slots} tokens, the "
+                                f"refresh asks for k={k}: a DFlash draft serves the k it was "
+                                "trained with")
+        return model.float().to(device_of(policy_model))
+
+    def features(self, model, policy_model, input_ids, attention_mask):
+        from draftkit.target.capture import capture
+
+        device = device_of(policy_model)
+        aux, last = capture(policy_model, input_ids.to(device), model.spec.aux_layer_ids,
+                            attention_mask=attention_mask.to(device))
+        return {"aux": aux.float(), "last": last.float()}  # [B, T, A*H], [B, T, H]
+
+    def step_logits(self, model, batch):
+        states = model.block_states(batch["aux"], batch["input_ids"], batch["attention_mask"])
+        steps = [model.lm_head(s) for s in states]  # k x [B, T, Vd]
+        vocab_ids = model.draft_to_target(torch.arange(model.spec.draft_vocab_size,
+                                                       device=model.d2t.device))  # [Vd]
+        return steps, vocab_ids
+
+    def export(self, model, tmp: Path, final: Path, cfg) -> None:
+        from draftkit.drafts.dflash import format as fmt
+        from draftkit.drafts.dflash.export import portable, write_files
+
+        spec = portable(fmt.with_k(model.spec, cfg.draft.num_speculative_tokens), cfg)
+        tensors = model.export_state_dict()
+        fmt.check_state_dict(spec, tensors)
+        write_files(tmp, final, spec, tensors, model.mask_embedding, cfg)
+
+    def engine_view(self, directory: Path) -> dict[str, torch.Tensor]:
+        """vLLM's DFlashQwen3ForCausalLM names: `model.` prefix (lm_head and d2t ->
+        draft_id_to_target_id excepted), fused qkv/gate_up, t2d dropped, and the mask
+        embedding file as `model.mask_embedding`."""
+        from safetensors.torch import load_file
+
+        from draftkit.drafts.dflash import format as fmt
+
+        directory = Path(directory)
+        out = {}
+        for name, value in load_file(str(directory / fmt.WEIGHTS_FILE)).items():
+            if name == "t2d":
+                continue
+            if name == "d2t":
+                out["draft_id_to_target_id"] = value
+            elif name.startswith("lm_head"):
+                out[name] = value
+            else:
+                out["model." + name] = value
+        conf = fmt.from_config(artifacts.read_json(directory / fmt.CONFIG_FILE))
+        out["model.mask_embedding"] = fmt.read_mask_embedding(directory / fmt.MASK_FILE,
+                                                              conf.mask_token_id)
+        return fuse_projections(out)
+
+    # ----------------------------------------------------------------- inside vLLM
+
+    def vllm_patches(self) -> list:
+        return [vllm_patch.install]  # the CPU context k_norm (vllm_patch.py)
+
+    def after_load(self, drafter) -> bool:
+        """vLLM stacks the layers' KV weights and k_norm rows once, at load
+        (`_build_fused_kv_buffers`): rebuild them after an in-place reload."""
+        inner = getattr(getattr(drafter, "model", None), "model", None)
+        if inner is None or not hasattr(inner, "_build_fused_kv_buffers"):
+            return False
+        inner._build_fused_kv_buffers()
+        return True
+
+
+KIND = register(DFlashKind())
