@@ -1,6 +1,7 @@
-"""The refresh benchmark (benchmarks/bench.py): draft v0 on policy v0, the stale draft on
+"""The refresh benchmark (benchmarks/rl/refresh.py): draft v0 on policy v0, the stale draft on
 policy vN, the refreshed draft (hot-swapped), a from-scratch draft, n-gram, suffix decoding and
-no speculation, at T=1 and T=0, on held-out math prompts in vLLM. Writes results/bench_refresh.{json,md,png}.
+no speculation, at T=1 and T=0, on held-out math prompts in vLLM.
+Writes results/bench_refresh.{json,md,png}.
 
     # policy vN and its rollouts from a longer / higher-lr RL run
     python scripts/rl_loop.py --out runs/rl-loop/long draft=ngram steps=40 lr=3e-5
@@ -24,25 +25,28 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
-import _bench  # noqa: E402
+from benchmarks import report  # noqa: E402
+from benchmarks.rl import refresh  # noqa: E402
+from draftkit.core import provenance  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> None:
-    from benchmarks import bench
-    from draftkit.core import provenance
-
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="*", help="BenchConfig key=value")
     ap.add_argument("--out", default="results", help="dir for bench_refresh.{json,md,png}")
-    args = ap.parse_args(argv)
-    cfg = bench.load_config(args.overrides)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    cfg = refresh.load_config(args.overrides)
     out = Path(args.out)
-    result = bench.run(cfg, out)
+    result = refresh.run(cfg, out)
     result["meta"] = provenance.make_meta("bench_refresh", None)
-    md = bench.markdown(result)
-    _bench.write_report(out, "bench_refresh", result, md, lambda path: bench.plot(result, path))
+    md = refresh.markdown(result)
+    report.write_report(out, "bench_refresh", result, md,
+                        lambda path: refresh.plot(result, path))
     print(md)
 
 

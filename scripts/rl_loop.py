@@ -1,5 +1,5 @@
 """A small GRPO run on the embedded SmolLM2-135M policy with speculative rollouts in vLLM,
-the draft refreshed and hot-swapped by `DraftRefresher` (benchmarks/grpo_loop.py).
+the draft refreshed and hot-swapped by `DraftRefresher` (benchmarks/rl/grpo_loop.py).
 
     # EAGLE-3 draft from a run dir, refreshed every 5 steps (~20 min for 20 steps on 2 cores)
     python scripts/rl_loop.py --out runs/rl-loop/refresh draft_run=runs/smol refresh_every=5
@@ -27,17 +27,21 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+from benchmarks.rl import grpo_loop  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> None:
-    from benchmarks import grpo_loop
-
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="*", help="LoopConfig key=value (e.g. steps=20)")
     ap.add_argument("--config", help="YAML with LoopConfig fields")
     ap.add_argument("--out", help="output dir (log.jsonl, meta.json, wandb/)")
     ap.add_argument("--plot", help="write a PNG of AL and reward vs step from --log files")
     ap.add_argument("--log", action="append", default=[], help="LABEL=PATH/log.jsonl")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser()
     args = ap.parse_args(argv)
     logs = dict(item.split("=", 1) for item in args.log)
     if args.out:

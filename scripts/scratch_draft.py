@@ -1,5 +1,5 @@
 """A draft trained from scratch on policy vN with draft v0's data budget: v0's prompts answered
-by vN, v0's settings and step count, the normal pipeline (benchmarks/scratch.py). The run it
+by vN, v0's settings and step count, the normal pipeline (benchmarks/rl/scratch.py). The run it
 writes is what bench_refresh.py takes as `scratch_run=`.
 
     python scripts/scratch_draft.py runs/smol runs/drift/style/policy runs/smol-vn
@@ -17,20 +17,23 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+from benchmarks.rl import scratch  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from benchmarks import scratch
-
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("v0_run", help="draft run v0 (prepared, trained, exported on policy v0)")
     ap.add_argument("policy", help="policy vN: an HF dir of v0's target lineage")
     ap.add_argument("run", help="the new run dir")
     ap.add_argument("overrides", nargs="*", help="run config key=value for the new run")
-    args = ap.parse_args(argv)
-    report = scratch.build(args.v0_run, args.policy, args.run, args.overrides)
-    print(json.dumps({k: report[k] for k in ("v0", "scratch", "same_budget")}, indent=1))
-    return report
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
+    budget = scratch.build(args.v0_run, args.policy, args.run, args.overrides)
+    print(json.dumps({k: budget[k] for k in ("v0", "scratch", "same_budget")}, indent=1))
+    return budget
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from _rl_helpers import make_run, write_rollouts
+from _runs import script
 
-from benchmarks import bench
+from benchmarks.rl import refresh as bench
 from draftkit.core.errors import DraftkitError
 
 
@@ -46,12 +47,7 @@ def _policy_vn(tiny_target, path):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_bench_smoke(tmp_path, tiny_target):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-    import bench_refresh
-
+    bench_refresh = script("bench_refresh")  # the driver, as `python scripts/bench_refresh.py`
     run = make_run(tmp_path / "runs", tiny_target)
     vn = _policy_vn(tiny_target, tmp_path / "vn")
     rollouts = write_rollouts(vn, tmp_path / "rollouts" / "step-1.jsonl", 12)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from benchmarks import grpo, reward
+from benchmarks.rl import grpo, reward
 
 
 def test_group_advantages_hand_computed():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from _rl_helpers import make_run
 
-from benchmarks import grpo_loop
+from benchmarks.rl import grpo_loop
 from draftkit.core.errors import DraftkitError
 
 FIELDS = {"step", "reward", "correct", "formatted", "al", "per_position", "rollout_tokens",

@@ -1,5 +1,5 @@
-"""The controlled drift (benchmarks/style_shift.py) and the from-scratch baseline (benchmarks/scratch.py) on
-tiny-llama: the layout is built from the problem's own fields; the SFT masks the prompt; the
+"""The controlled drift (benchmarks/rl/style_shift.py) and the from-scratch baseline
+(benchmarks/rl/scratch.py) on tiny-llama: the layout is built from the problem's own fields; the SFT masks the prompt; the
 fine-tuned policy's greedy answers follow the layout where v0's do not, and its meta.json says
 so; the scratch run on vN has v0's prompts, conversations and step count and exports a draft;
 a policy of another architecture is refused. With vLLM: vN's T=1 rollouts in the RL loop's
@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from benchmarks import scratch, style_shift
+from benchmarks.rl import scratch, style_shift
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
 
@@ -42,7 +42,7 @@ def test_styled_answer_and_layout():
 
 
 def test_sft_rows_mask_the_prompt(tiny_target):
-    from benchmarks.grpo_loop import prompt_ids
+    from benchmarks.rl.grpo_loop import prompt_ids
     from draftkit.prepare import mathgen
     from draftkit.target.tokens import end_of_turn_ids
 
@@ -134,7 +134,7 @@ def test_scratch_run_has_v0_budget_and_exports(scratch_runs, shifted):
     assert sorted(map(tuple, a["input_ids"])) != sorted(map(tuple, b["input_ids"]))
     assert (vn / "export" / "config.json").is_file()
     assert json.loads((vn / "scratch.json").read_text())["v0"] == rep["v0"]
-    from benchmarks.bench import scratch_compute
+    from benchmarks.rl.refresh import scratch_compute
 
     compute = scratch_compute(str(vn))  # what bench_refresh reads
     assert compute["steps"] == 3 and min(compute["prepare_s"], compute["harvest_s"],
@@ -157,7 +157,7 @@ def test_scratch_refuses_another_lineage(scratch_runs, tmp_path):
 def test_rollouts_and_scratch_draft_in_vllm(shifted, scratch_runs):
     from transformers import AutoTokenizer
 
-    from benchmarks import bench
+    from benchmarks.rl import refresh as bench
     from draftkit.rl import rollouts
     from draftkit.serving import policy_sync, vllm_engine
 

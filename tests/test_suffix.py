@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 from _runs import script
 
-from benchmarks import bench, grpo_loop
+from benchmarks.rl import grpo_loop
+from benchmarks.rl import refresh as bench
 from draftkit.core.errors import DraftkitError
 from draftkit.eval import report, stage
 from draftkit.serving import vllm_engine

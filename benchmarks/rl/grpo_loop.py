@@ -3,8 +3,8 @@ drives, and what it logs.
 
 Each step: vLLM samples G responses per prompt at T=1 (offline math problems with known
 answers, `draftkit.prepare.mathgen`) with the current draft as speculative decoder; rewards
-(benchmarks/reward.py) -> group advantages -> one clipped policy-gradient update in torch
-(benchmarks/grpo.py); the updated weights go into the running engine in place
+(rl/reward.py) -> group advantages -> one clipped policy-gradient update in torch
+(rl/grpo.py); the updated weights go into the running engine in place
 (draftkit/serving/policy_sync.py); `DraftRefresher` sees the step's rollouts and, when its
 trigger fires, refreshes the draft with the updated policy and swaps it in (hash + probe-AL
 checked). One JSON line per step in `<out>/log.jsonl` (and wandb, offline without a key):
@@ -30,11 +30,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from benchmarks import grpo, reward
-from draftkit.core import artifacts, config, provenance
+from benchmarks.rl import grpo, reward
+from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.core.config import TrackingConfig
 from draftkit.core.errors import DraftkitError
+from draftkit.prepare import mathgen
+from draftkit.rl.publish import DraftStore
+from draftkit.rl.refresher import DraftRefresher
+from draftkit.serving import policy_sync, vllm_engine
+from draftkit.serving.drafter_swap import DraftSwapError
+from draftkit.target.load import target_dir
+from draftkit.train.loop import Tracker
 
 DRAFTS = ("eagle3", "ngram", "suffix", "none")
 
@@ -79,9 +89,8 @@ class LoopConfig:
             raise DraftkitError("refresh needs draft=eagle3 (n-gram, suffix and none have no "
                                 "weights)")
         if self.draft == "suffix":
-            from draftkit.serving.vllm_engine import suffix_unavailable
 
-            if why := suffix_unavailable():
+            if why := vllm_engine.suffix_unavailable():
                 raise DraftkitError(f"draft=suffix cannot run here: {why}; or use draft=ngram")
         return self
 
@@ -92,8 +101,6 @@ class LoopConfig:
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> LoopConfig:
     """Defaults <- YAML file (optional) <- key=value overrides, type-checked."""
-    import yaml
-
     cfg = LoopConfig()
     if path:
         config.merge(cfg, yaml.safe_load(Path(path).read_text()) or {})
@@ -104,8 +111,6 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 def problems(cfg: LoopConfig, tok) -> list[dict]:
     """steps * P math problems as {"prompt_ids", "answer", "question"} (chat-templated)."""
-    from draftkit.prepare import mathgen
-
     return [{"prompt_ids": prompt_ids(tok, p.question),
              "answer": reward.reference_answer(p.answer), "question": p.question}
             for p in mathgen.generate("train", cfg.steps * cfg.prompts_per_step, seed=cfg.seed)]
@@ -119,9 +124,6 @@ def prompt_ids(tok, question: str) -> list[int]:
 
 
 def speculative_config(cfg: LoopConfig) -> dict | None:
-    from draftkit.rl.publish import DraftStore
-    from draftkit.serving import vllm_engine
-
     if cfg.draft == "ngram":
         return vllm_engine.ngram_config(cfg.k)
     if cfg.draft == "suffix":  # drafts from the group's sibling rollouts and earlier steps'
@@ -136,8 +138,6 @@ def speculative_config(cfg: LoopConfig) -> dict | None:
 def rollout(llm, batch: list[dict], cfg: LoopConfig, tok) -> tuple[list[dict], dict]:
     """G samples per problem at cfg.temperature, every group in one engine call (siblings are
     generated side by side): (rows with reward, engine stats)."""
-    from draftkit.serving import vllm_engine
-
     prompts = [b["prompt_ids"] for b in batch for _ in range(cfg.group_size)]
     run = vllm_engine.measure(llm, prompts, vllm_engine.sampling(cfg.temperature,
                                                                  cfg.max_tokens),
@@ -193,8 +193,6 @@ def rates(rows: list[dict]) -> dict:
 def maybe_refresh(refresher, llm, model, tok, rows: list[dict], step: int,
                   al: float | None) -> dict | None:
     """Observe the step's rollouts; refresh + swap when the trigger fires. The event (or None)."""
-    from draftkit.serving.drafter_swap import DraftSwapError
-
     refresher.observe([{k: r[k] for k in ("prompt_ids", "response_ids", "reward",
                                           "temperature")} for r in rows if r["response_ids"]],
                       policy_step=step, al=al)
@@ -218,14 +216,7 @@ def maybe_refresh(refresher, llm, model, tok, rows: list[dict], step: int,
 
 def run(cfg: LoopConfig, out_dir: str | Path) -> list[dict]:
     """The whole loop; returns the per-step records (also in out_dir/log.jsonl)."""
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from draftkit.core import hardware
-    from draftkit.rl.refresher import DraftRefresher
-    from draftkit.serving import policy_sync, vllm_engine
-    from draftkit.target.load import target_dir
-    from draftkit.train.loop import Tracker
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

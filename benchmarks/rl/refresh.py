@@ -8,7 +8,7 @@ measured in vLLM at each temperature (T=1, the RL setting, and T=0):
     refreshed   draft v0 refreshed on vN's rollouts (`draftkit refresh`), hot-swapped into the
                 stale engine (the swap's latency is measured there, no restart)
     scratch     a draft trained from scratch on vN with v0's data budget (a run dir:
-                scripts/scratch_draft.py builds it, benchmarks/scratch.py; skipped when not given)
+                scripts/scratch_draft.py builds it, rl/scratch.py; skipped when not given)
     ngram       vLLM n-gram on vN
     suffix      vLLM suffix decoding on vN (arctic-inference; where it cannot be imported the
                 row says why); its cache is emptied before each temperature, so it never
@@ -36,8 +36,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
+from benchmarks.rl.grpo_loop import prompt_ids
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
+from draftkit.drafts.kind import draft_sampling
+from draftkit.prepare import mathgen
+from draftkit.rl.job import refresh
+from draftkit.rl.refresher import DraftRefresher
+from draftkit.serving import drafter_swap, policy_sync, vllm_engine
+from draftkit.target.load import target_dir
 
 FREE = ("ngram", "suffix")  # vLLM's speculation without a trained draft
 
@@ -71,7 +81,6 @@ class BenchConfig:
             raise DraftkitError(f"bench_refresh needs draft_run, policy_vn and rollouts (missing: "
                                 f"{', '.join(missing + ([] if self.rollouts else ['rollouts']))});"
                                 " rl_loop.py writes <out>/policy and <out>/rollouts")
-        from draftkit.drafts.kind import draft_sampling
 
         draft_sampling(self.draft_sampling)  # a clear error before any engine starts
         if bad := [m for m in self.free_methods if m not in FREE]:
@@ -84,9 +93,6 @@ def load_config(overrides: list[str]) -> BenchConfig:
 
 
 def heldout_prompts(tok, n: int, seed: int) -> list[list[int]]:
-    from benchmarks.grpo_loop import prompt_ids
-    from draftkit.prepare import mathgen
-
     return [prompt_ids(tok, p.question) for p in mathgen.generate("eval", n, seed=seed)]
 
 
@@ -94,8 +100,6 @@ def measure(llm, prompts: list[list[int]], cfg: BenchConfig, suffix: bool = Fals
     """{"T=1": {al, tokens_per_step, per_position, tokens_per_s, output_tokens}, ...} for one
     engine state (after an untimed warm-up: the first batch of an engine pays for allocations).
     `suffix`: a suffix decoding engine, its cache emptied before each temperature."""
-    from draftkit.serving import vllm_engine
-
     vllm_engine.generate(llm, prompts[:2], vllm_engine.sampling(0.0, 8))  # warm-up, untimed
     out = {}
     for t in cfg.temperatures:
@@ -115,8 +119,6 @@ def measure(llm, prompts: list[list[int]], cfg: BenchConfig, suffix: bool = Fals
 
 def refresh_copy(cfg: BenchConfig) -> dict:
     """Refresh draft v0 on vN's rollouts in a copy of the draft run; the job's result."""
-    from draftkit.rl.job import refresh
-
     src, dst = Path(cfg.draft_run), Path(cfg.work_dir) / "refresh-run"
     if not (src / "export").is_dir():
         raise DraftkitError(f"draft run {src} has no export/; run `draftkit export {src}` first")
@@ -149,12 +151,7 @@ def scratch_compute(run_dir: str) -> dict:
 
 def run(cfg: BenchConfig, out: str | Path) -> dict:
     """Every variant, one engine per (policy, speculation) pair; the JSON-able result."""
-    from transformers import AutoTokenizer
 
-    from draftkit.drafts import kind as kinds
-    from draftkit.rl.refresher import DraftRefresher
-    from draftkit.serving import drafter_swap, policy_sync, vllm_engine
-    from draftkit.target.load import target_dir
 
     out = Path(out)
     v0, vn = str(target_dir(cfg.policy_v0)), str(Path(cfg.policy_vn).resolve())

@@ -29,6 +29,7 @@ A rerun with the same settings reuses a finished policy and finished rollouts.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import time
@@ -36,9 +37,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import yaml
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from draftkit.core import artifacts, config, provenance
+from benchmarks.rl import grpo_loop, reward
+from benchmarks.rl.grpo_loop import prompt_ids
+from benchmarks.rl.refresh import heldout_prompts
+from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.core.errors import DraftkitError
+from draftkit.prepare import mathgen
+from draftkit.rl.policy import dir_digest
+from draftkit.serving import vllm_engine
+from draftkit.target.load import target_dir
+from draftkit.target.tokens import end_of_turn_ids
 
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 # "12 * 25 = 300", "$3.50 + 2 = $5.50", "(4 - 1) * 6 = 18": operands and operators, '=', result
@@ -76,8 +88,6 @@ class StyleShiftConfig:
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> StyleShiftConfig:
     """Defaults <- YAML file (optional) <- key=value overrides, type-checked."""
-    import yaml
-
     cfg = StyleShiftConfig()
     if path:
         config.merge(cfg, yaml.safe_load(Path(path).read_text()) or {})
@@ -115,8 +125,6 @@ def follows_layout(text: str) -> bool:
 def sft_rows(tok, problems) -> list[dict]:
     """{"prompt_ids", "response_ids", "question", "response"} per problem: the RL loop's prompt
     and the styled answer closed by the chat template's end of turn."""
-    from benchmarks.grpo_loop import prompt_ids
-
     rows = []
     for p in problems:
         prompt = prompt_ids(tok, p.question)
@@ -135,8 +143,6 @@ def sft_rows(tok, problems) -> list[dict]:
 
 
 def _user_text(question: str) -> str:
-    from benchmarks import reward
-
     return f"{question}\n{reward.INSTRUCTION}"
 
 
@@ -159,11 +165,8 @@ def pad_sft(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
 
 def finetune(model, rows: list[dict], cfg: StyleShiftConfig, pad_id: int) -> list[float]:
     """`cfg.steps` AdamW steps on seeded shuffles of `rows`; the loss of every step."""
-    import contextlib
 
-    from tqdm.auto import tqdm
 
-    from draftkit.core import hardware
 
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
@@ -199,8 +202,6 @@ def finetune(model, rows: list[dict], cfg: StyleShiftConfig, pad_id: int) -> lis
 
 def greedy(model, tok, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy responses (up to the end of turn, which is dropped), one prompt at a time."""
-    from draftkit.target.tokens import end_of_turn_ids
-
     stop = end_of_turn_ids(tok)
     out = []
     with torch.no_grad():
@@ -232,8 +233,6 @@ def token_kl(model, ref, prompts: list[list[int]], responses: list[list[int]]) -
 def measure_drift(model, ref, tok, cfg: StyleShiftConfig) -> dict:
     """On held-out prompts (mathgen eval, as bench_refresh measures): the share of greedy
     answers in the new layout for v0 and vN, and KL(vN || v0) on vN's greedy answers."""
-    from benchmarks.bench import heldout_prompts
-
     prompts = heldout_prompts(tok, cfg.heldout, cfg.seed)
     answers = {"v0": greedy(ref, tok, prompts, cfg.measure_tokens),
                "vN": greedy(model, tok, prompts, cfg.measure_tokens)}
@@ -264,11 +263,7 @@ def _finished(meta_path: Path, key: str) -> dict | None:
 def shift_policy(cfg: StyleShiftConfig, out: str | Path) -> Path:
     """Fine-tune v0 into vN at `<out>/policy` (skipped when a finished one has these
     settings); returns the policy dir."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from draftkit.prepare import mathgen
-    from draftkit.rl.policy import dir_digest
-    from draftkit.target.load import target_dir
 
     dst, key = Path(out) / "policy", _key(cfg, POLICY_FIELDS)
     if _finished(dst / "meta.json", key):
@@ -288,7 +283,7 @@ def shift_policy(cfg: StyleShiftConfig, out: str | Path) -> Path:
     data = {"source": "mathgen train", "seed": cfg.seed, "examples": len(rows),
             "response_tokens": sum(len(r["response_ids"]) for r in rows),
             "sha256": artifacts.fingerprint([(r["prompt_ids"], r["response_ids"]) for r in rows]),
-            "layout": "Given / Step i / Answer / #### (benchmarks/style_shift.py)",
+            "layout": "Given / Step i / Answer / #### (benchmarks/rl/style_shift.py)",
             "example": {"question": rows[0]["question"], "response": rows[0]["response"]}}
     with artifacts.atomic_dir(dst, overwrite=True) as tmp:
         model.save_pretrained(tmp)
@@ -307,10 +302,6 @@ def shift_policy(cfg: StyleShiftConfig, out: str | Path) -> Path:
 def rollout_problems(cfg: StyleShiftConfig, tok) -> list[dict]:
     """Training-distribution problems (mathgen train) the fine-tune did not see, as the RL
     loop's batch rows."""
-    from benchmarks import reward
-    from benchmarks.grpo_loop import prompt_ids
-    from draftkit.prepare import mathgen
-
     seen = {p.question for p in mathgen.generate("train", cfg.examples, seed=cfg.seed)}
     fresh = [p for p in mathgen.generate("train", 2 * cfg.rollout_prompts, seed=cfg.seed + 1)
              if p.question not in seen][:cfg.rollout_prompts]
@@ -324,10 +315,7 @@ def rollout_problems(cfg: StyleShiftConfig, tok) -> list[dict]:
 def sample_rollouts(cfg: StyleShiftConfig, out: str | Path) -> dict:
     """vN's T=`temperature` rollouts in vLLM into `<out>/rollouts/step-NNNNN.jsonl` (the RL
     loop's format, `policy_step` = cfg.steps); their stats (also `<out>/rollouts/meta.json`)."""
-    from transformers import AutoTokenizer
 
-    from benchmarks import grpo_loop
-    from draftkit.serving import vllm_engine
 
     out = Path(out)
     policy, dst = out / "policy", out / "rollouts"
