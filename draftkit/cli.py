@@ -14,13 +14,16 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from draftkit.core import config, registry
 from draftkit.core.errors import DraftkitError
+from draftkit.step_projection import project_step
+from draftkit.step_projection import render as render_step
 
 # verb -> (module, function, help). Each function takes (run_dir, overrides=[...], **flags).
 STAGES = {
     "prepare": ("draftkit.prepare.stage", "prepare", "template, regenerate with the target, mask, count"),
     "harvest": ("draftkit.harvest.stage", "harvest", "capture the target's hidden states to shards"),
-    "train": ("draftkit.train.stage", "train", "train the EAGLE-3 head or draft LM (offline/online)"),
+    "train": ("draftkit.train.stage", "train", "train the run's draft, any kind (offline/online)"),
     "export": ("draftkit.export.stage", "export", "write the vLLM/speculators draft dir (+ vLLM check)"),
     "eval": ("draftkit.eval.stage", "evaluate", "measure AL and speedup (reference and/or vLLM)"),
 }
@@ -37,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("init", help="scaffold runs/<name>/draftkit.yaml")
     q.add_argument("--target", required=True, help="registry name, hub id or local HF dir")
     q.add_argument("--data", required=True, help="data recipe name (data_recipes/*.yaml)")
-    q.add_argument("--draft", default="eagle3", help="draft kind: eagle3 | draft-lm | peagle | pard (drafts/)")
+    q.add_argument("--draft", default="eagle3", help="draft kind: eagle3 | draft-lm | peagle | pard | dflash (drafts/)")
     q.add_argument("--k", type=int, default=None, help="speculative tokens per step")
     q.add_argument("--name", default=None)
     q.add_argument("--dir", default="runs", help="parent directory of run dirs")
@@ -88,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--step-s", type=float, required=True, help="whole RL step time")
     q.add_argument("--mode", choices=["sync", "async"], default="sync")
     q.add_argument("--other-delta-s", type=float, default=0.0,
-                   help="change of the non-generation step time with speculation (see project.py)")
+                   help="change of the non-generation step time with speculation (see step_projection.py)")
     return p
 
 
@@ -138,16 +141,16 @@ def _run_rl(args: argparse.Namespace) -> None:
         if args.budget_steps is not None:
             over.append("refresh.budget_s=0")
     if args.verb == "drift":
-        from draftkit.rl.drift import drift
+        from draftkit.rl.drift import drift  # on use: loads torch (fast start)
 
         drift(Path(args.run), Path(args.policy), args.rollouts, over)
     elif args.verb == "refresh":
-        from draftkit.rl.job import refresh
+        from draftkit.rl.job import refresh  # on use: loads torch (fast start)
 
         refresh(Path(args.run), Path(args.policy), args.rollouts, over,
                 policy_step=args.policy_step)
     else:
-        from draftkit.rl.watch import watch
+        from draftkit.rl.watch import watch  # on use: loads torch (fast start)
 
         watch(Path(args.run), args.checkpoints, args.rollouts, over, args.every, args.al_drop,
               args.once, engines=args.engines)
@@ -175,39 +178,32 @@ def run(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     if args.verb == "init":
-        from draftkit.core import config
-        from draftkit.init.stage import init_run, next_steps
+        from draftkit.init.stage import init_run, next_steps  # on use: loads torch (fast start)
 
         run_dir = init_run(args.target, args.data, args.draft, args.k, args.name, args.dir,
                            args.force, args.overrides)
         print(next_steps(run_dir, config.load(run_dir)))
     elif args.verb == "config":
-        from draftkit.core import config
-
         print(config.dump(config.load(args.run, args.overrides)), end="")
     elif args.verb == "plan":
-        from draftkit.init.plan import plan_run, render
+        from draftkit.init.plan import plan_run, render  # on use: loads torch (fast start)
 
         print(render(plan_run(Path(args.run), args.overrides)))
     elif args.verb == "targets":
-        from draftkit.core import registry
-
         for info in map(registry.lookup, registry.names()):
             print(f"{info.name:24s} {info.hub_id or '(in-process)':40s} layers={info.num_hidden_layers}"
                   f" hidden={info.hidden_size} vocab={info.vocab_size}")
     elif args.verb == "env":
-        from draftkit.env_report import render, report
+        from draftkit.env_report import render, report  # on use: loads torch (fast start)
 
         if args.run and "=" in args.run and not Path(args.run).exists():  # `env key=value`
             args.run, args.overrides = None, [args.run, *args.overrides]
         print(render(report(args.run, args.overrides)))
     elif args.verb == "project":
-        from draftkit.rl.step_time import project_step, render
-
-        print(render(project_step(args.generation_s, args.step_s, args.rollout_speedup,
+        print(render_step(project_step(args.generation_s, args.step_s, args.rollout_speedup,
                                   args.mode, args.other_delta_s)))
     elif args.verb == "swap":
-        from draftkit.rl.rollout_servers import swap
+        from draftkit.rl.rollout_servers import swap  # on use: loads torch (fast start)
 
         urls = [u for u in args.urls if "=" not in u]  # `swap URL key=value`: an override
         swap(urls, args.draft, [*(u for u in args.urls if "=" in u), *args.overrides])

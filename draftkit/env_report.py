@@ -4,7 +4,9 @@
     draftkit env runs/demo        # that run's (after its overrides)
 
 Prints the device, CPU model and the flags that decide dtypes, torch and vLLM versions and
-vLLM's platform, the state of draftkit's vLLM plugin, and each compute dtype's resolution.
+vLLM's platform, the state of draftkit's vLLM plugin, each compute dtype's resolution, and the
+settings every vLLM engine of the run gets (tensor parallel, eager or CUDA graphs, CPU thread
+binding: core/engine_settings.py), each with its reason.
 A report for the CLI, beside it: it reads the serving side (vLLM's platform, the plugin,
 serving/vllm_plugin.py) and the hardware facts (core/hardware.py).
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftkit.core import config, hardware, provenance
+from draftkit.core import config, engine_settings, hardware, provenance
 from draftkit.serving import vllm_plugin
 
 
@@ -44,7 +46,24 @@ def report(run: str | Path | None = None, overrides: list[str] | None = None) ->
     return {"hardware": hardware.summary(hw), "torch": provenance.versions().get("torch"),
             "vllm": _vllm(), "vllm_plugin": vllm_plugin.state(),
             "config": str(run) if run else "defaults (draftkit/core/config.py)",
-            "dtypes": dtypes}
+            "dtypes": dtypes, "engine": _engine(cfg, hw)}
+
+
+def _engine(cfg, hw) -> dict:
+    """What every vLLM engine of the run is given (regeneration's, with its data parallel and
+    max_num_seqs, separately), each value with its reason."""
+    out = {}
+    for use, settings in (
+            ("engines", engine_settings.for_run(cfg, cfg.eval.dtype, hw=hw)),
+            ("regeneration", engine_settings.for_run(
+                cfg, cfg.data.regen_dtype, max(1, min(256, cfg.data.regen_batch_size)),
+                regeneration=True, hw=hw))):
+        values = {**settings.llm_kwargs(), "max_num_seqs": settings.max_num_seqs,
+                  "VLLM_CPU_OMP_THREADS_BIND": settings.cpu_threads_bind}
+        why = {**settings.why, "VLLM_CPU_OMP_THREADS_BIND": settings.why["cpu_threads_bind"]}
+        out[use] = {k: {"value": v, "why": why.get(k, "")} for k, v in values.items()
+                    if v is not None or k == "VLLM_CPU_OMP_THREADS_BIND"}
+    return out
 
 
 def render(rep: dict) -> str:
@@ -64,4 +83,8 @@ def render(rep: dict) -> str:
         f"dtypes        ({rep['config']})",
     ]
     lines += [f"  {k:16s} {v['set']:9s} -> {v['resolves_to']}" for k, v in rep["dtypes"].items()]
+    for use, values in rep.get("engine", {}).items():
+        lines.append(f"vLLM {use:8s} (engine.* of the config, core/engine_settings.py)")
+        lines += [f"  {k:25s} {'(vLLM default)' if v['value'] is None else v['value']!s:8s} "
+                  f"{v['why']}" for k, v in values.items()]
     return "\n".join(lines)

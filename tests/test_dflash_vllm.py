@@ -164,3 +164,14 @@ def test_vllm_acceptance_is_the_reference_decoders(greedy, trained):
     assert [r.tokens for r in trained["decoded"]] == greedy["outputs"]
     assert_al_matches_replay(greedy, [(r.counters.drafts, r.counters.accepted_per_pos)
                                       for r in trained["decoded"]])
+
+
+def test_exports_parity_check_on_the_running_engine(llm, greedy, trained):
+    """export's vLLM check (the stage's last step) on a DFlash export: vLLM's AL beside the
+    simulated AL of the training metrics, both recorded."""
+    run = config.open_run(trained["run"])
+    result = export.parity_check(run, trained["out"], llm=llm)
+    check = json.loads((trained["out"] / "check.json").read_text())
+    assert check["vllm_al"] == result["vllm_al"] and check["prompts"] == PROMPTS
+    print(f"parity: vLLM {check['vllm_al']:.3f} vs simulated {check['sim_al']:.3f}")
+    assert check["vllm_al"] > 1.5 and check["sim_al"] > 1.5

@@ -227,6 +227,22 @@ class ExportConfig:
 
 
 @dataclass
+class EngineConfig:
+    """Every vLLM engine draftkit starts (regeneration, eval, export's check, refresh probes,
+    RL rollouts); `auto`/0 resolve on this machine in core/engine_settings.py (`draftkit env`)."""
+    # 0 = auto: 1 on a CPU; on GPUs the fewest that hold the target's weights with room for KV
+    tensor_parallel_size: int = 0
+    data_parallel_size: int = 1  # regeneration only: engine replicas (vLLM data parallel, GPUs)
+    # auto = CUDA graphs on CUDA; on a CPU eager unless measured faster compiled; true | false
+    enforce_eager: bool | str = "auto"
+    gpu_memory_utilization: float = 0.0  # 0 = vLLM's default (0.9); GPUs only
+    max_num_seqs: int = 0  # 0 = each use's own (regeneration: data.regen_batch_size up to 256)
+    # VLLM_CPU_OMP_THREADS_BIND: auto = measured (scripts/bench_cpu_bind.py --record), else
+    # vLLM's default, which keeps one core for its frontend; vllm | all (every core) | a mask
+    cpu_threads_bind: str = "auto"
+
+
+@dataclass
 class TrackingConfig:
     backend: str = "wandb"  # wandb | none
     project: str = "draftkit"
@@ -301,6 +317,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     refresh: RefreshConfig = field(default_factory=RefreshConfig)
 

@@ -76,7 +76,9 @@ class DraftkitConfig:
     refresh: bool = True  # False: serve the draft frozen (observe nothing, refresh nothing)
     follow: bool = True  # swap in a draft another process (draftkit watch) publishes in the run
     dtype: str = "auto"  # vLLM dtype; auto = what the hardware does natively
-    enforce_eager: bool = True  # no torch.compile: seconds, not minutes, to start on a CPU
+    # None = the engine settings' (core/engine_settings.py): CUDA graphs on CUDA; on a CPU eager
+    # (no torch.compile: seconds, not minutes, to start) unless measured faster compiled
+    enforce_eager: bool | None = None
 
     def __post_init__(self):
         if self.method not in METHODS:

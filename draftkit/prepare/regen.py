@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from draftkit.core import artifacts, hardware
+from draftkit.core import artifacts, engine_settings, hardware
 from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask
@@ -81,9 +81,11 @@ class Generator:
         if self._llm is None:
             d, t = self.cfg.data, self.cfg.target
             max_len = min(d.max_seq_len, t.max_position_embeddings or d.max_seq_len)
-            spec = vllm_engine.EngineSpec(model=str(self.path), dtype=d.regen_dtype,
-                                          max_model_len=max_len, seed=d.seed,
-                                          max_num_seqs=max(1, min(256, d.regen_batch_size)))
+            seqs = max(1, min(256, d.regen_batch_size))
+            spec = vllm_engine.EngineSpec(
+                model=str(self.path), dtype=d.regen_dtype, max_model_len=max_len, seed=d.seed,
+                max_num_seqs=seqs, settings=engine_settings.for_run(
+                    self.cfg, d.regen_dtype, max_num_seqs=seqs, regeneration=True))
             self._llm = vllm_engine.start(spec)
         params = [vllm_engine.sampling(r.temperature, r.max_tokens, top_p=r.top_p,
                                        seed=r.seed if r.temperature > 0 else None) for r in reqs]

