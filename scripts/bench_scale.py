@@ -1,18 +1,8 @@
 """Benchmark (#33): what a draft costs at a target's real scale, side by side in one run, on a
 `random:<name>` target (the real architecture and shapes, seeded random weights drawn on the
-device: target/random_init.py). AL means nothing on random weights, so none is reported; cost
-does not depend on the weights' values.
-
-1. harvest: `draftkit harvest` (the stage) over N random-token sequences of length L, against a
-   bare target forward (incl. lm_head) over the same batches: tokens/s and their ratio;
-2. EAGLE-3 head training: the head `draftkit train` builds (Eagle3Draft, from the target), fed
-   the harvested shards, forward + backward + AdamW under the train loop's autocast: tokens/s;
-3. a refresh's parts, with the draft.rl functions on the same rows as rollouts: AL estimate
-   (drift.estimate), capture (finetune.feature_batches), fine-tune steps (finetune.finetune);
-   a refresh of refresh.budget_steps is projected from them;
-4. peak memory of each phase (CUDA max_memory_allocated, or the process's peak RSS);
-5. projections from the measured tokens/s: the `TIER=full` demo recipe (589k harvested tokens
-   x 5 epochs) and a SpecBundle-size run (1.4M samples x an assumed mean length) on this device.
+device): harvest against a bare forward, EAGLE-3 head training, a refresh's parts, peak memory
+of each, and projections from the measured tokens/s (benchmarks/cost/scale.py and
+scale_report.py). scripts/gpu_check.sh runs it by this path on a lent GPU machine.
 
     python scripts/bench_scale.py                                   # random:tiny-llama, CPU, < 60 s
     python scripts/bench_scale.py --target random:Qwen3-8B --device cuda      # one GPU, ~3 min
@@ -27,28 +17,15 @@ Writes results/bench_scale.{json,md,png} (--out, --name).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
-import re
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
-import _bench  # noqa: E402
-from _scale_report import (  # noqa: E402, F401 - the projection's figures, re-exported
-    FULL_TIER_EPOCHS,
-    FULL_TIER_TOKENS,
-    markdown,
-    plot,
-    project,
-)
-
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repo root: benchmarks/
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="random:tiny-llama", help="a random:<name> target")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
@@ -61,345 +38,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="assumed mean tokens per SpecBundle sample")
     p.add_argument("--threads", type=int, default=0, help="CPU torch threads (0: torch's)")
     p.add_argument("--dir", default="", help="work dir (default: a temp dir, removed)")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=ROOT / "results")
     p.add_argument("--name", default="bench_scale")
     p.add_argument("overrides", nargs="*", help="key=value run-config overrides")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.device == "cpu":  # harvest picks its device through accelerate: keep it off GPUs
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    import torch
+    # deferred: the bench loads torch, which must not see the GPUs hidden just above
+    from benchmarks.cost import scale
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.dir:
-        res = measure(args, Path(args.dir))
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            res = measure(args, Path(tmp))
-    md = markdown(res)
-    _bench.write_report(args.out, args.name, res, md, lambda path: plot(res, path))
-    print(md)
-    return 0
-
-
-def measure(args, work: Path) -> dict:
-    """Every measurement of one run, in the order that keeps one target in memory at a time."""
-    import torch
-
-    from draftkit.core import config, hardware, provenance
-    from draftkit.target.load import load_target
-
-    device = torch.device(args.device)
-    run, cfg = setup_run(args, work)
-    peak = Peak(device)
-    torch.ones(8, device=device).sum().item()  # CUDA context outside every timing
-    res = {"target": cfg.target.name, "device": args.device, "hardware": hardware.summary(),
-           "git_sha": os.environ.get("DRAFTKIT_COMMIT") or provenance.git_sha(),
-           "versions": provenance.versions(), "torch_threads": torch.get_num_threads(),
-           "dtypes": {"target": hardware.resolve(cfg.target.dtype, device),
-                      "harvest_storage": cfg.harvest.dtype,
-                      "train_autocast": hardware.resolve(cfg.train.dtype, device)},
-           "shapes": {k: getattr(cfg.target, k) for k in ("num_hidden_layers", "hidden_size",
-                                                          "intermediate_size", "vocab_size")},
-           "aux_layer_ids": list(cfg.draft.aux_layer_ids),
-           "draft_vocab_size": cfg.draft.draft_vocab_size, "ttt_steps": cfg.train.ttt_steps,
-           "data": data_stats(run)}
-    res["harvest"] = harvest(run, peak)
-    free(device)  # the stage's own target copy
-    peak.reset()
-    t0 = time.perf_counter()
-    target = load_target(cfg.target.name, device=str(device), dtype=cfg.target.dtype)
-    res["target_build_s"] = time.perf_counter() - t0
-    res["target_params_b"] = sum(p.numel() for p in target.model.parameters()) / 1e9
-    res["bare_forward"] = bare_forward(target.model, config.open_run(run), device, peak)
-    res["harvest_vs_bare"] = res["harvest"]["tokens_per_s"] / res["bare_forward"]["tokens_per_s"]
-    # harvest runs the decoder only (no lm_head): at a 151,936-token vocab and 2 layers the
-    # lm_head is over half a forward, so the fair bar is the decoder's own forward
-    res["bare_decoder"] = bare_forward(target.model.model, config.open_run(run), device, peak)
-    res["harvest_vs_decoder"] = res["harvest"]["tokens_per_s"] / res["bare_decoder"][
-        "tokens_per_s"]
-    head = build_head(cfg, run, target, device)
-    res["head_trainable_params_m"] = sum(p.numel() for p in head.parameters()
-                                         if p.requires_grad) / 1e6
-    res["refresh"] = refresh_parts(cfg, head, target, run, device, args, peak)
-    del target
-    free(device)
-    res["train"] = train_head(cfg, head, run, device, args, peak)
-    res["projections"] = project(res, args.specbundle_tokens)
-    return res
-
-
-def setup_run(args, work: Path):
-    """A run of the target (`draftkit init`) whose prepared train split is random tokens."""
-    from transformers import AutoTokenizer
-
-    from draftkit.core import config, registry
-    from draftkit.init.stage import init_run
-    from draftkit.target.load import target_dir
-
-    info = registry.resolve(args.target)
-    big = info.params_b >= 1
-    n, length = args.seqs or (64 if big else 16), args.seq_len or (1024 if big else 256)
-    run = init_run(args.target, "math", name="scale", runs_dir=work, force=True, overrides=[
-        "tracking.backend=none", f"train.device={args.device}", "train.num_workers=0",
-        *args.overrides])
-    tok = AutoTokenizer.from_pretrained(target_dir(info))
-    write_data(run, len(tok), n, length)
-    return run, config.load(run)
-
-
-def write_data(run: Path, tokens: int, n: int, length: int, seed: int = 0) -> None:
-    """n sequences of `length` random regular token ids (the last 64 ids, where tokenizers keep
-    their specials, left out); the first eighth is the prompt. Plus prepare's token counts."""
-    import datasets
-    import torch
-    from safetensors.torch import save_file
-
-    from draftkit.core import artifacts, config
-    from draftkit.prepare.dataset import COUNTS_FILE
-
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, max(tokens - 64, 2), (n, length), generator=g)  # [N, L]
-    prompt = length // 8
-    mask = torch.zeros(n, length, dtype=torch.long)
-    mask[:, prompt:] = 1  # [N, L]
-    data = artifacts.RunPaths(run).data
-    datasets.Dataset.from_dict({
-        "id": [f"scale-{i}" for i in range(n)], "messages": ["[]"] * n,
-        "prompt_ids": ids[:, :prompt].tolist(), "input_ids": ids.tolist(),
-        "loss_mask": mask.tolist(), "length": [length] * n,
-    }).save_to_disk(str(data / "train"))
-    counts = torch.bincount(ids[mask.bool()], minlength=config.load(run).target.vocab_size)
-    save_file({"counts": counts}, str(data / COUNTS_FILE))
-
-
-def data_stats(run: Path) -> dict:
-    import datasets
-
-    from draftkit.core import artifacts
-
-    ds = datasets.load_from_disk(str(artifacts.RunPaths(run).data / "train"))
-    return {"sequences": len(ds), "seq_len": ds[0]["length"], "tokens": sum(ds["length"])}
-
-
-class Peak:
-    """Peak memory of one phase in GiB: CUDA max_memory_allocated, or this process's peak RSS
-    (VmHWM, reset through /proc/self/clear_refs where Linux allows it; else the process's)."""
-
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-
-    def reset(self) -> None:
-        import torch
-
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            return
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
-
-    def gib(self) -> float:
-        import torch
-
-        if self.cuda:
-            return torch.cuda.max_memory_allocated() / 2**30
-        try:
-            kb = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1])
-        except (OSError, TypeError):
-            import resource
-
-            kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return kb / 2**20
-
-
-def sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def free(device) -> None:
-    import torch
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def harvest(run: Path, peak: Peak) -> dict:
-    """`draftkit harvest` of the train split: its own target load, capture + shard writes."""
-    from draftkit import api
-    from draftkit.core import artifacts
-
-    peak.reset()
-    t0 = time.perf_counter()
-    hdir = api.harvest(run)
-    wall = time.perf_counter() - t0
-    timings = artifacts.read_json(hdir / "meta.json")["timings"]
-    man = artifacts.read_json(hdir / "manifest.json")
-    out = {"tokens": man["total_tokens"], "load_s": timings["load_s"],
-           "compute_s": timings["compute_s"], "wall_s": wall,
-           "bytes_per_token": man["bytes_per_token"], "peak_gib": peak.gib()}
-    out["tokens_per_s"] = out["tokens"] / out["compute_s"]
-    return out
-
-
-def bare_forward(model, opened, device, peak: Peak) -> dict:
-    """model(input_ids) over exactly the batches harvest ran (one warm-up): the CausalLM incl.
-    lm_head, or its decoder (`model.model`, what harvest's capture runs)."""
-    import torch
-
-    from draftkit.harvest import stage as hv
-
-    h = opened.cfg.harvest
-    batches = []
-    for job in hv.plan(opened):
-        for rows in job.shards:
-            seqs = [torch.tensor(x) for x in job.ds[rows]["input_ids"]]
-            for b in hv.plan_batches([len(s) for s in seqs], h.batch_tokens, h.padding):
-                x, mask = hv.pad_right([seqs[j] for j in b])  # [B, T]
-                batches.append((x.to(device), None if mask is None else mask.to(device)))
-    with torch.no_grad():
-        model(input_ids=batches[0][0], attention_mask=batches[0][1], use_cache=False)
-        peak.reset()
-        t0 = time.perf_counter()
-        for x, mask in batches:
-            model(input_ids=x, attention_mask=mask, use_cache=False)
-        sync(device)
-    seconds = time.perf_counter() - t0
-    tokens = sum(int(x.numel() if m is None else m.sum()) for x, m in batches)
-    return {"tokens": tokens, "seconds": seconds, "forwards": len(batches),
-            "tokens_per_s": tokens / seconds, "peak_gib": peak.gib()}
-
-
-def build_head(cfg, run: Path, target, device):
-    """The head `draftkit train` starts from (train.stage.build_draft), fp32 on `device`."""
-    import torch
-
-    from draftkit.core import artifacts
-    from draftkit.train import stage
-
-    head = stage.build_draft(cfg, [artifacts.RunPaths(run)], target)
-    return head.to(device=device, dtype=torch.float32)
-
-
-def rollouts(run: Path) -> list:
-    """The prepared sequences as refresh rollouts (prompt = the unmasked head)."""
-    import datasets
-
-    from draftkit.core import artifacts
-    from draftkit.rl.rollouts import Rollout
-
-    ds = datasets.load_from_disk(str(artifacts.RunPaths(run).data / "train"))
-    return [Rollout(r["input_ids"], r["loss_mask"], len(r["prompt_ids"]), f"scale:{i}")
-            for i, r in enumerate(ds)]
-
-
-def refresh_parts(cfg, head, target, run: Path, device, args, peak: Peak) -> dict:
-    """A refresh's costly parts on the rows as rollouts (the policy = the target): AL estimate
-    on the held-out share, capture of the rest (online, in RAM), fine-tune steps."""
-    from draftkit.rl import drift, finetune
-
-    rc, k, kind = cfg.refresh, cfg.draft.num_speculative_tokens, draft_kind(cfg.draft.kind)
-    rows = rollouts(run)
-    n_held = max(1, int(len(rows) * rc.heldout_fraction))
-    held, train_rows = rows[:n_held], rows[n_held:]
-    peak.reset()
-    t0 = time.perf_counter()
-    drift.estimate(kind, head, target.model, held, k, [rc.temperature], rc.draft_sampling,
-                   rc.batch_tokens)
-    sync(device)
-    t1 = time.perf_counter()
-    batches = finetune.feature_batches(kind, head, target.model, train_rows, rc.batch_tokens)
-    sync(device)
-    t2 = time.perf_counter()
-    if args.warmup:
-        finetune.finetune(head, batches, args.warmup, 0, rc.lr, rc.seed)
-    sync(device)
-    t3 = time.perf_counter()
-    fit = finetune.finetune(head, batches, args.refresh_steps, 0, rc.lr, rc.seed)
-    sync(device)
-    step_s = (time.perf_counter() - t3) / fit.steps
-    out = {"heldout_rows": len(held), "train_rows": len(train_rows),
-           "estimate_s": t1 - t0, "capture_s": t2 - t1,
-           "capture_tokens_per_s": sum(len(r.input_ids) for r in train_rows) / (t2 - t1),
-           "finetune_steps": fit.steps, "finetune_step_s": step_s,
-           "finetune_tokens_per_s": fit.tokens / (step_s * fit.steps),
-           "batch_tokens": rc.batch_tokens, "budget_steps": rc.budget_steps,
-           "peak_gib": peak.gib()}
-    # a refresh: AL before and after on the held-out rows, one capture, budget_steps steps
-    out["projected_s"] = 2 * out["estimate_s"] + out["capture_s"] + rc.budget_steps * step_s
-    return out
-
-
-def draft_kind(name: str):
-    """The draft kind's refresh interface (drafts/kind.py)."""
-    from draftkit.drafts import kind as kinds
-
-    return kinds.get(name)
-
-
-def train_head(cfg, head, run: Path, device, args, peak: Peak) -> dict:
-    """Head training tokens/s from the harvest, as the train loop steps (batch to the device,
-    autocast forward, backward, clip, AdamW); train.batch_tokens halves after an OOM."""
-    import torch
-
-    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-    tokens, ooms = cfg.train.batch_tokens, []
-    while True:
-        try:
-            return {**_train_steps(cfg, head, run, device, args, peak, tokens), "oom_at": ooms}
-        except oom:
-            ooms.append(tokens)
-            tokens //= 2
-            free(device)
-            if tokens < 1024:
-                raise
-
-
-def _train_steps(cfg, head, run: Path, device, args, peak: Peak, batch_tokens: int) -> dict:
-    import torch
-
-    from draftkit.core import artifacts
-    from draftkit.harvest.shards import open_harvest
-    from draftkit.train.data import BatchBuilder, HarvestSource, epoch_plan
-    from draftkit.train.loop import autocast
-
-    tc = cfg.train
-    source = HarvestSource([open_harvest(artifacts.RunPaths(run).harvest)])
-    plan = epoch_plan(source.lengths(), batch_tokens, tc.seed, 0, tc.pad_multiple)
-    build = BatchBuilder(source, torch.float32, None, tc.loss_on, tc.pad_multiple)
-    batches = [build(b) for b in plan[: args.warmup + args.train_steps]]  # read once, on CPU
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
-    head.train()
-
-    def step(i: int) -> int:
-        batch = {k: v.to(device, non_blocking=True) for k, v in batches[i % len(batches)].items()}
-        with autocast(tc, device):
-            loss, _ = head(batch)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return int(batch["attention_mask"].sum())
-
-    for i in range(args.warmup):
-        step(i)
-    peak.reset()
-    t0 = time.perf_counter()
-    tokens = sum(step(args.warmup + i) for i in range(args.train_steps))
-    sync(device)
-    seconds = time.perf_counter() - t0
-    shapes = sorted({tuple(b["input_ids"].shape) for b in batches})
-    return {"batch_tokens": batch_tokens, "batch_shapes": [list(s) for s in shapes],
-            "steps": args.train_steps, "tokens": tokens, "seconds": seconds,
-            "step_s": seconds / args.train_steps, "tokens_per_s": tokens / seconds,
-            "peak_gib": peak.gib()}
+    return scale.run(args)
 
 
 if __name__ == "__main__":

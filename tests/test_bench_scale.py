@@ -1,6 +1,7 @@
-"""scripts/bench_scale.py at tiny scale on the CPU (what it measures, and that its projections
-follow from its measurements), and scripts/gpu_check.py: the driver of scripts/gpu_check.sh run
-on the CPU through the whole lifecycle, and its record of a failing step."""
+"""scripts/bench_scale.py (benchmarks/cost/scale.py) at tiny scale on the CPU (what it
+measures, and that its projections follow from its measurements), and scripts/gpu_check.py: the
+driver of scripts/gpu_check.sh run on the CPU through the whole lifecycle, and its record of a
+failing step."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from _runs import one_thread, script
 
+from benchmarks.cost import scale_report
 from draftkit.core import hardware
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -51,7 +53,7 @@ def test_bench_scale_measures_each_phase_and_projects_from_it(tmp_path, monkeypa
 
 def test_full_tier_figures_are_the_measured_recipes():
     """bench_scale projects `make demo TIER=full`: its harvest tokens and epochs."""
-    bench, demo = script("bench_scale"), script("demo")
+    bench, demo = scale_report, script("demo")
     measured = json.loads((RESULTS / "bench_learning_1120_sub2e5.json").read_text())
     setting = measured["settings"]["sub-2-e5"]
     assert setting["harvest_tokens"] == bench.FULL_TIER_TOKENS

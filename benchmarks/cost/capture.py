@@ -38,8 +38,6 @@ MODES = ("online", "harvest")
 
 def make_run(root: Path, name: str, target) -> Path:
     """A refreshable run: a random-init EAGLE-3 head, exported."""
-
-
     run = init_run(TARGET, "math", name=name, runs_dir=root, overrides=RUN)
     cfg = config.load(run)
     vocab = DraftVocab.build(torch.ones(cfg.target.vocab_size, dtype=torch.long), 256)

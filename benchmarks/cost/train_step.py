@@ -49,8 +49,6 @@ def run(args: argparse.Namespace) -> int:
 
 def setup(src: Path, cfg):
     """(head, batch builder, epoch-0 plan) exactly as the train stage builds them."""
-
-
     paths = open_run(src).paths
     target = load_target(cfg.target.name, device="cpu", dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
@@ -78,8 +76,6 @@ def padding(build, plan: list[list[int]]) -> dict:
 
 def profile(model, build, plan, cfg, warmup: int, steps: int, top: int) -> dict:
     """Time per phase and per op over `steps` optimizer steps after `warmup` unprofiled ones."""
-
-
     opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=cfg.train.lr)
     device = torch.device("cpu")
     loss_tokens = 0

@@ -216,8 +216,6 @@ def maybe_refresh(refresher, llm, model, tok, rows: list[dict], step: int,
 
 def run(cfg: LoopConfig, out_dir: str | Path) -> list[dict]:
     """The whole loop; returns the per-step records (also in out_dir/log.jsonl)."""
-
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)

@@ -151,8 +151,6 @@ def scratch_compute(run_dir: str) -> dict:
 
 def run(cfg: BenchConfig, out: str | Path) -> dict:
     """Every variant, one engine per (policy, speculation) pair; the JSON-able result."""
-
-
     out = Path(out)
     v0, vn = str(target_dir(cfg.policy_v0)), str(Path(cfg.policy_vn).resolve())
     prompts = heldout_prompts(AutoTokenizer.from_pretrained(vn), cfg.prompts, cfg.seed)

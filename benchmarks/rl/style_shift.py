@@ -165,9 +165,6 @@ def pad_sft(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
 
 def finetune(model, rows: list[dict], cfg: StyleShiftConfig, pad_id: int) -> list[float]:
     """`cfg.steps` AdamW steps on seeded shuffles of `rows`; the loss of every step."""
-
-
-
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -263,8 +260,6 @@ def _finished(meta_path: Path, key: str) -> dict | None:
 def shift_policy(cfg: StyleShiftConfig, out: str | Path) -> Path:
     """Fine-tune v0 into vN at `<out>/policy` (skipped when a finished one has these
     settings); returns the policy dir."""
-
-
     dst, key = Path(out) / "policy", _key(cfg, POLICY_FIELDS)
     if _finished(dst / "meta.json", key):
         print(f"style shift: {dst} is done (same settings), reused")
@@ -315,8 +310,6 @@ def rollout_problems(cfg: StyleShiftConfig, tok) -> list[dict]:
 def sample_rollouts(cfg: StyleShiftConfig, out: str | Path) -> dict:
     """vN's T=`temperature` rollouts in vLLM into `<out>/rollouts/step-NNNNN.jsonl` (the RL
     loop's format, `policy_step` = cfg.steps); their stats (also `<out>/rollouts/meta.json`)."""
-
-
     out = Path(out)
     policy, dst = out / "policy", out / "rollouts"
     key = _key(cfg, (*POLICY_FIELDS, "rollout_prompts", "group_size", "max_tokens",
