@@ -4,7 +4,7 @@ suffix decoding's (the methods that need no training) on the held-out eval split
 T=1, batch 1, 8 and 16), and on two more prompt splits at batch 16: new problems of the training
 templates (what RL sees) and hand-written ones (eval/splits.py). From those rows eval exports
 the serving choice (serving.json): per batch range the fastest method no slower than no
-speculation at either temperature (eval/choice.py). Export's own vLLM check is off here: eval
+speculation at either temperature (export/choice.py). Export's own vLLM check is off here: eval
 serves the export right after, in the same engines.
 
     make demo                       # = python scripts/demo.py --dir runs --name demo

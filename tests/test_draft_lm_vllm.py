@@ -24,9 +24,9 @@ from _runs import (
 )
 
 from draftkit.core import config
+from draftkit.drafts import acceptance
 from draftkit.drafts.draft_lm import build
 from draftkit.drafts.draft_lm.model import DraftLM
-from draftkit.drafts.eagle3 import losses
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
 
@@ -139,6 +139,6 @@ def test_parity_check_on_the_running_engine(llm, trained):
     result = export.parity_check(config.open_run(trained["run"]), trained["out"], llm=llm)
     check = json.loads((trained["out"] / "check.json").read_text())
     assert check["vllm_al"] == result["vllm_al"] and check["prompts"] == PROMPTS
-    assert check["sim_al"] == pytest.approx(losses.simulated_al(trained["metrics"], K))
+    assert check["sim_al"] == pytest.approx(acceptance.simulated_al(trained["metrics"], K))
     print(f"parity: vLLM {check['vllm_al']:.3f} vs simulated {check['sim_al']:.3f}")
     assert check["gap"] < 0.5 and check["warning"] is None

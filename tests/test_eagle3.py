@@ -9,7 +9,7 @@ import torch
 from _eagle3_helpers import make_batch, make_model, make_spec
 
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3 import losses
+from draftkit.drafts import acceptance
 from draftkit.drafts.eagle3.layer import Rotary, apply_rope, ttt_mask
 from draftkit.drafts.eagle3.model import Eagle3Draft, read_target_tensors
 from draftkit.drafts.eagle3.vocab import DraftVocab
@@ -113,7 +113,7 @@ def test_metrics_aggregate_exactly_over_batches():
         batch["last"][:, 1:] = model.verifier_lm_head[guess[:, :-1]] * 5  # judged by last[t+1]
         _, whole = model(batch)
         parts = [model({k: v[i:i + 2] for k, v in batch.items()})[1] for i in (0, 2)]
-    agg = losses.aggregate(parts)
+    agg = acceptance.aggregate(parts)
     assert whole["correct_0"] > 0
     for key in ("n_0", "correct_1", "cond_n_2", "cond_correct_2"):
         assert agg[key] == whole[key]

@@ -1,4 +1,4 @@
-"""The method and k to serve, picked from eval's vLLM rows (eval/choice.py), and how an export
+"""The method and k to serve, picked from eval's vLLM rows (export/choice.py), and how an export
 carries the pick (export/measured.py): ties, a method without numbers, a draft slower than no
 speculation, temperatures, batch ranges and the one-engine k schedule; serving.json, the README
 section (replaced, never doubled) and a re-export of other weights dropping the pick."""
@@ -10,8 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftkit.eval import choice
-from draftkit.export import measured
+from draftkit.export import choice, measured
 
 
 def row(method, k, b, tps, t=0.0, al=None):

@@ -188,8 +188,7 @@ def test_eval_picks_the_method_and_k_and_a_reexport_keeps_them(report):
     fastest at T=1 goes to <run>/eval/choice.json and into the export (serving.json, README
     snippets); re-exporting the same head keeps it, and vLLM's own schedule lookup takes the
     one-engine k schedule."""
-    from draftkit.eval import choice
-    from draftkit.export import measured
+    from draftkit.export import choice, measured
 
     run = Path(report["run_dir"])
     saved = json.loads((run / "eval" / choice.CHOICE_FILE).read_text())
@@ -253,8 +252,7 @@ def test_where_no_speculation_is_fastest_serving_json_gets_k_0_and_vllm_drafts_n
     import shutil
 
     from draftkit.core import config
-    from draftkit.eval import choice
-    from draftkit.export import measured
+    from draftkit.export import choice, measured
     from draftkit.prepare.dataset import load_prompts
     from draftkit.serving import vllm_engine
     from draftkit.serving.counters import SpecCounters

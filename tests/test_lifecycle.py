@@ -222,8 +222,9 @@ def _reference_al(run, target, k: int, max_new_tokens: int) -> float:
     decoder on the run's eval prompts, with vLLM's EOS and token budget."""
     import datasets
 
+    from draftkit.drafts.eagle3.drafter import Eagle3Drafter
     from draftkit.drafts.eagle3.model import Eagle3Draft
-    from draftkit.eval.spec_decode import Eagle3Drafter, HFTarget, speculative_decode
+    from draftkit.eval.spec_decode import HFTarget, speculative_decode
     from draftkit.serving.counters import SpecCounters
 
     draft = Eagle3Draft.from_pretrained(artifacts.RunPaths(run).train / "best",

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from draftkit.drafts import acceptance
 from draftkit.drafts.eagle3 import losses
 
 
@@ -66,18 +67,18 @@ def test_invalid_positions_do_not_count_and_carry_no_gradient():
 
 
 def test_empty_steps_give_zero_not_nan():
-    m = losses.metrics_from_counts({"n_0": 0.0, "correct_0": 0.0, "cond_n_0": 0.0,
+    m = acceptance.metrics_from_counts({"n_0": 0.0, "correct_0": 0.0, "cond_n_0": 0.0,
                                     "cond_correct_0": 0.0, "kl_sum_0": 0.0, "w_0": 1.0})
     assert m["loss"] == 0.0 and m["acc_0"] == 0.0 and m["sim_al"] == 1.0
 
 
 def test_aggregate_sums_counts_then_recomputes():
-    a = losses.metrics_from_counts({"n_0": 4.0, "correct_0": 4.0, "cond_n_0": 4.0,
+    a = acceptance.metrics_from_counts({"n_0": 4.0, "correct_0": 4.0, "cond_n_0": 4.0,
                                     "cond_correct_0": 4.0, "kl_sum_0": 2.0, "w_0": 1.0})
-    b = losses.metrics_from_counts({"n_0": 12.0, "correct_0": 0.0, "cond_n_0": 12.0,
+    b = acceptance.metrics_from_counts({"n_0": 12.0, "correct_0": 0.0, "cond_n_0": 12.0,
                                     "cond_correct_0": 0.0, "kl_sum_0": 2.0, "w_0": 1.0})
-    agg = losses.aggregate([a, b])
+    agg = acceptance.aggregate([a, b])
     assert agg["acc_0"] == pytest.approx(0.25)  # not the mean of batch means (0.5)
     assert agg["loss"] == pytest.approx(4.0 / 16)
     assert agg["sim_al"] == pytest.approx(1.25)
-    assert losses.aggregate([]) == {}
+    assert acceptance.aggregate([]) == {}

@@ -20,8 +20,8 @@ import torch
 from _runs import assert_al_matches_replay, chat_prompts, fit, greedy_batch, make_run, save_best
 
 from draftkit.core import config
+from draftkit.drafts import acceptance
 from draftkit.drafts.draft_lm import build
-from draftkit.drafts.eagle3 import losses
 from draftkit.drafts.pard.build import choose_mask_token
 from draftkit.drafts.pard.drafter import PardDrafter
 from draftkit.drafts.pard.model import PardLM
@@ -138,6 +138,6 @@ def test_parity_check_on_the_running_engine(llm, trained):
     result = export.parity_check(config.open_run(trained["run"]), trained["out"], llm=llm)
     check = json.loads((trained["out"] / "check.json").read_text())
     assert check["vllm_al"] == result["vllm_al"] and check["prompts"] == PROMPTS
-    assert check["sim_al"] == pytest.approx(losses.simulated_al(trained["metrics"], K))
+    assert check["sim_al"] == pytest.approx(acceptance.simulated_al(trained["metrics"], K))
     print(f"parity: vLLM {check['vllm_al']:.3f} vs simulated {check['sim_al']:.3f}")
     assert check["vllm_al"] > 1.5 and check["warning"] is None

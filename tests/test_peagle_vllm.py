@@ -20,8 +20,8 @@ from _runs import AUX, DRAFT, chat_prompts, fit, greedy_batch, make_run, one_thr
 
 from benchmarks import step_timers
 from draftkit.core import config
+from draftkit.drafts import acceptance
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.eagle3 import losses
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
@@ -126,6 +126,6 @@ def test_parity_check_on_the_running_engine(llm, greedy, trained):
     result = export.parity_check(run, trained["out"], llm=llm)
     check = json.loads((trained["out"] / "check.json").read_text())
     assert check["vllm_al"] == result["vllm_al"] and check["prompts"] == PROMPTS
-    assert check["sim_al"] == pytest.approx(losses.simulated_al(trained["metrics"], K))
+    assert check["sim_al"] == pytest.approx(acceptance.simulated_al(trained["metrics"], K))
     print(f"parity: vLLM {check['vllm_al']:.3f} vs simulated {check['sim_al']:.3f}")
     assert check["vllm_al"] > 1.5 and check["gap"] < 0.3 and check["warning"] is None

@@ -7,7 +7,7 @@ import pytest
 
 from draftkit.cli import run
 from draftkit.core.errors import DraftkitError
-from draftkit.rl.step_time import project_step, render
+from draftkit.step_projection import project_step, render
 
 
 @pytest.mark.parametrize("share, speedup", [(0.6, 2.0), (0.3, 3.0), (0.9, 1.25), (1.0, 2.5),

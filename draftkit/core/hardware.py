@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draftkit.core import artifacts
+from draftkit.core.config import ConfigError
+
 AUTO = "auto"
 # config spelling -> canonical name; canonical name -> torch dtype
 ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
@@ -68,7 +71,6 @@ def canonical(name: str, key: str = "dtype") -> str:
         return name
     if name in ALIASES:
         return ALIASES[name]
-    from draftkit.core.config import ConfigError
 
     raise ConfigError(f"{key}={name!r} is not a dtype; use auto, bfloat16, float16 or float32")
 
@@ -116,8 +118,6 @@ def _measure_bf16_speedup(reps: int = 7) -> float:
 
 def _cached_bf16_speedup(hw: Hardware) -> float:
     """The bf16 speedup of this CPU, measured once per (CPU, flags, torch) and cached."""
-    from draftkit.core import artifacts
-
     key = f"{hw.cpu_model}|{','.join(hw.cpu_flags)}|{torch.__version__}"
     path = artifacts.home() / "hardware.json"
     try:

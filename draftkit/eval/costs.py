@@ -4,7 +4,8 @@
 
 c_target: one target forward of 1 new token per sequence with a KV cache at the mean eval
 context (prompt + half the generation budget), batch b; c_verify(k): the same with k+1 new
-tokens (the verification pass); c_draft: one draft step for 1 new token per sequence. For an
+tokens (the verification pass); c_draft: one draft step for 1 new token per sequence, the
+kind's `draft_step_call` (drafts/kind.py), else a cached forward. For an
 EAGLE-3 head that is `Eagle3Draft.step` on one row (fc input projection excluded, no attention
 over the context: the head has no KV cache here, so this slightly underestimates vLLM's
 cached draft step); for a draft LM it is the same cached forward as c_target. n-gram drafting
@@ -18,6 +19,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from draftkit.drafts import kind as kinds
 
 REPEATS = 7  # timed rounds at least
 MIN_SECONDS = 1.0  # keep adding rounds (up to MAX_ROUNDS) until this much time was measured
@@ -58,24 +61,17 @@ def _cached_forward(model, batch: int, context: int, new: int):
     return call
 
 
-def _eagle3_step(draft, batch: int, position: int):
-    p = next(draft.parameters())
-    ids = torch.zeros(batch, 1, dtype=torch.long, device=p.device)  # [b, 1]
-    hidden = torch.randn(batch, 1, draft.spec.hidden_size, dtype=p.dtype, device=p.device)
-    pos = torch.full((batch, 1), position, dtype=torch.long, device=p.device)  # [b, 1]
-    return lambda: draft.step(ids, hidden, pos)
-
-
 @torch.no_grad()
 def step_costs(target_model, draft, cfg, prompts: list[list[int]]) -> dict:
     """c_target, c_verify(k) and c_draft per eval batch size (seconds)."""
     e = cfg.eval
     context = int(sum(map(len, prompts)) / len(prompts) + e.max_new_tokens / 2)
     rows = []
-    for b in e.batch_sizes:
+    kind = kinds.of(cfg)
+    for b in e.batch_sizes:  # a draft LM's step is a cached forward, as the target's
         fns = {"target": _cached_forward(target_model, b, context, 1),
-               "draft": (_eagle3_step(draft, b, context) if hasattr(draft, "step")
-                         else _cached_forward(draft, b, context, 1))}
+               "draft": (kind.draft_step_call(draft, b, context)
+                         or _cached_forward(draft, b, context, 1))}
         fns.update({str(k): _cached_forward(target_model, b, context, k + 1)
                     for k in e.k_values})
         t = _min_times(fns)

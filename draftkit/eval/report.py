@@ -1,5 +1,5 @@
 """Eval report files: JSON, a Markdown table and PNG plots (matplotlib Agg), all from one report
-dict (evaluate.py). Written to `<run>/eval/eval-<run>-<time>.*` with a meta.json; with
+dict (eval/stage.py). Written to `<run>/eval/eval-<run>-<time>.*` with a meta.json; with
 `eval.results_dir` set, to that dir, and the JSON and Markdown are copied into `<run>/eval/`."""
 
 from __future__ import annotations

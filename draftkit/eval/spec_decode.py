@@ -1,6 +1,7 @@
 """Reference speculative decoder (one sequence, plain torch): the yardstick for acceptance.
 
-    from draftkit.eval.spec_decode import HFTarget, Eagle3Drafter, speculative_decode
+    from draftkit.drafts.eagle3.drafter import Eagle3Drafter
+    from draftkit.eval.spec_decode import HFTarget, speculative_decode
     target = HFTarget(model, aux_layer_ids=[2, 15, 27])
     out = speculative_decode(target, Eagle3Drafter(draft, target), prompt_ids, k=3,
                              max_new_tokens=128, temperature=0.0)
@@ -8,7 +9,8 @@
 
 The core (`speculative_decode`) sees the target as a callable `ids [L] -> logits [L, V]` and the
 drafter as a `begin(ids) / extend(token)` pair returning next-token logits [V], so toy
-distributions drive it in tests and thin adapters wrap HF models and `Eagle3Draft`. The
+distributions drive it in tests and thin adapters wrap HF models (`HFTarget` here) and each kind's
+draft (its `reference_drafter`, drafts/<kind>/drafter.py). The
 acceptance rule is Leviathan et al. / Chen et al. rejection sampling as written in gpt-fast,
 with gpt-fast's naming (q = target probability, p = draft probability of a token):
 accept a draft token with probability min(1, q/p), on rejection resample from
@@ -33,6 +35,7 @@ import torch
 
 from draftkit.core.errors import DraftkitError
 from draftkit.serving.counters import SpecCounters
+from draftkit.target.capture import capture, logits_from_last
 
 # ----------------------------------------------------------------------------- the rule
 
@@ -197,7 +200,6 @@ class HFTarget:
         x = ids.to(self._device())[None]  # [1, L]
         if not self.aux_layer_ids:
             return self.model(input_ids=x, use_cache=False).logits[0].float().cpu()  # [L, V]
-        from draftkit.target.capture import capture, logits_from_last
 
         aux, last = capture(self.model, x, self.aux_layer_ids)  # [1, L, A*H], [1, L, H]
         self._seen, self._aux = ids.clone(), aux[0]
@@ -209,71 +211,3 @@ class HFTarget:
         if self._seen is None or self._seen.numel() < n or not torch.equal(self._seen[:n], ids):
             self(ids)
         return self._aux[:n]
-
-
-class HFDraftLM:
-    """A small HF causal LM sharing the target's vocabulary as the drafter (recomputes each call)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self._ids: torch.Tensor | None = None
-
-    def _next_logits(self) -> torch.Tensor:
-        device = next(self.model.parameters()).device
-        logits = self.model(input_ids=self._ids.to(device)[None], use_cache=False).logits
-        return logits[0, -1].float().cpu()  # [V]
-
-    def begin(self, ids: torch.Tensor) -> torch.Tensor:
-        self._ids = ids.clone()
-        return self._next_logits()
-
-    def extend(self, token: int) -> torch.Tensor:
-        self._ids = torch.cat([self._ids, torch.tensor([token])])
-        return self._next_logits()
-
-
-class Eagle3Drafter:
-    """An `Eagle3Draft` head fed by the target's aux features (vLLM's alignment).
-
-    Worked example, verified ids x_0..x_4 (L=5), target features h_0..h_4 from the last
-    verification pass. `begin` runs the head over
-        index t:     0        1        2        3
-        token:       x_1      x_2      x_3      x_4
-        hidden:   fuse(h_0) fuse(h_1) fuse(h_2) fuse(h_3)      position t
-    and row 3 predicts d_1 (the token after x_4). `extend(d_1)` appends token d_1 with the head's
-    own hidden_out of row 3 at position 4, and row 4 predicts d_2; and so on. h_4 (the feature of
-    the newest token) is not used: the head sees x_{t+1} next to the feature h_t.
-    """
-
-    def __init__(self, draft: torch.nn.Module, target: HFTarget):
-        if not target.aux_layer_ids:
-            raise DraftkitError("an EAGLE-3 drafter needs HFTarget(model, aux_layer_ids=...) with "
-                                "the draft's eagle_aux_hidden_state_layer_ids")
-        self.draft, self.target = draft, target
-        self._ids = self._hidden = self._pos = self._last_hidden = None  # set by begin()
-
-    def _device_dtype(self) -> tuple[torch.device, torch.dtype]:
-        p = next(self.draft.parameters())
-        return p.device, p.dtype
-
-    def _run(self) -> torch.Tensor:
-        logits_d, hidden_out = self.draft.step(self._ids, self._hidden, self._pos)  # [1,S,Vd], [1,S,H]
-        self._last_hidden = hidden_out[:, -1:]  # [1, 1, H] fed back at the next draft step
-        return self.draft.target_logits(logits_d[0, -1]).float().cpu()  # [V], -inf outside Vd
-
-    def begin(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.numel() < 2:
-            raise DraftkitError("EAGLE-3 drafting needs at least 2 verified tokens")
-        device, dtype = self._device_dtype()
-        aux = self.target.features(ids[:-1]).to(device, dtype)  # [L-1, A*H]: h_0..h_{L-2}
-        self._hidden = self.draft.fuse(aux[None])  # [1, L-1, H]
-        self._ids = ids[1:].to(device)[None]  # [1, L-1]: x_1..x_{L-1}
-        self._pos = torch.arange(ids.numel() - 1, device=device)[None]  # [1, L-1]
-        return self._run()
-
-    def extend(self, token: int) -> torch.Tensor:
-        device = self._ids.device
-        self._ids = torch.cat([self._ids, torch.tensor([[token]], device=device)], 1)  # [1, S+1]
-        self._hidden = torch.cat([self._hidden, self._last_hidden], 1)  # [1, S+1, H]
-        self._pos = torch.cat([self._pos, self._pos[:, -1:] + 1], 1)  # [1, S+1]
-        return self._run()

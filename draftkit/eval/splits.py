@@ -17,6 +17,10 @@ from pathlib import Path
 
 from draftkit.core.errors import DraftkitError
 from draftkit.core.resources import recipes_dir
+from draftkit.prepare import chat_mask, mathgen, recipes
+from draftkit.prepare.dataset import load_prompts, load_split
+from draftkit.prepare.stage import load_tokenizer
+from draftkit.target.load import run_target_dir
 
 HANDWRITTEN = recipes_dir() / "eval" / "handwritten-math.jsonl"
 NAMES = ("unseen-templates", "seen-templates", "hand-written")
@@ -37,17 +41,12 @@ def build(run_dir: str | Path, cfg, n: int, names: tuple[str, ...] = NAMES
 
 
 def _own_eval(run_dir: Path, n: int) -> list[list[int]]:
-    from draftkit.prepare.dataset import load_prompts
-
     return load_prompts(run_dir / "data", n)
 
 
 def seen_templates(run_dir: Path, cfg, n: int) -> list[list[int]]:
     """`n` new problems of the training templates (mathgen train split, another seed), none
     a training prompt."""
-    from draftkit.prepare import mathgen
-    from draftkit.prepare.dataset import load_split
-
     seen = {m["content"].strip() for row in load_split(run_dir / "data", "train")["messages"]
             for m in json.loads(row) if m["role"] == "user"}
     fresh = [p.question for p in mathgen.generate("train", 4 * n, seed=10_000 + cfg.data.seed)
@@ -70,10 +69,6 @@ def hand_written(run_dir: Path, cfg, n: int, path: Path = HANDWRITTEN) -> list[l
 def _render(run_dir: Path, cfg, questions: list[str]) -> list[list[int]]:
     """User turns rendered like the run's prompts: the system prompt prepare adds (data.
     system_prompt, else the recipe's), then the chat template's generation prompt."""
-    from draftkit.prepare import chat_mask, recipes
-    from draftkit.prepare.stage import load_tokenizer
-    from draftkit.target.load import run_target_dir
-
     text = cfg.data.system_prompt or recipes.load_recipe(cfg.data.recipe).system_prompt
     system = [{"role": "system", "content": text}] if text else []
     tok = load_tokenizer(run_target_dir(cfg.target))

@@ -28,7 +28,7 @@ suffix's too; else starts two fp32 engines). Reference (`eval.engine` reference|
 decoder of spec_decode.py over `eval.reference_prompts` prompts at each (k, T).
 Outputs: <run>/eval/eval-<run>-<time>.{json,md} + PNG plots (report.py) and meta.json
 (`eval.results_dir=DIR`: the files in DIR, json/md copied into <run>/eval). From the vLLM rows,
-the method and k to serve per batch size (choice.py): <run>/eval/choice.json, and serving.json +
+the method and k to serve per batch size (export/choice.py): <run>/eval/choice.json, and serving.json +
 README snippets in the export it measured (export/measured.py; a re-export keeps them).
 """
 
@@ -45,12 +45,16 @@ from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.eval import choice, report, splits
+from draftkit.eval import report, splits
+from draftkit.eval.costs import add_projections, step_costs
+from draftkit.eval.spec_decode import HFTarget, speculative_decode
+from draftkit.export import choice
 from draftkit.export.measured import apply_choice
 from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 from draftkit.serving.counters import SpecCounters
 from draftkit.serving.vllm_engine import EngineStartError
+from draftkit.target.load import load_target
 
 ENGINES = ("reference", "vllm", "both")
 FREE = ("ngram", "suffix")  # speculation without a trained draft, measured beside the export
@@ -91,8 +95,6 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     t = time.perf_counter()  # torch: step costs for the projection and/or the reference decoder
     target, draft = load_torch_models(cfg, export_dir)
     if "vllm" in rep:
-        from draftkit.eval.costs import add_projections, step_costs
-
         rep["costs"] = step_costs(target.model, draft, cfg, prompts)
         add_projections([r for r in rep["vllm"]["rows"] if not r.get("unavailable")],
                         rep["costs"])
@@ -362,8 +364,6 @@ def compare(plain: list[list[int]], spec: list[list[int]]) -> dict:
 
 def load_torch_models(cfg, export_dir: Path):
     """(Target, draft module) in fp32 for the reference decoder and costs."""
-    from draftkit.target.load import load_target
-
     target = load_target(cfg.target.name, dtype="float32", revision=cfg.target.revision)
     device = next(target.model.parameters()).device
     draft = kinds.of(cfg).load_export(export_dir, target.model)
@@ -373,8 +373,6 @@ def load_torch_models(cfg, export_dir: Path):
 
 def measure_reference(cfg, target, draft, prompts) -> list[dict]:
     """AL and per-position acceptance of the torch reference decoder at each (k, T)."""
-    from draftkit.eval.spec_decode import HFTarget, speculative_decode
-
     e = cfg.eval
     subset = prompts[:max(1, e.reference_prompts)]
     kind = kinds.of(cfg)

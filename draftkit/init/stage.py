@@ -14,7 +14,6 @@ then the command line's `key=value` overrides. The result has every field presen
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 import yaml
@@ -23,26 +22,12 @@ from draftkit.core import artifacts, config, registry
 from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import TargetInfo
-from draftkit.core.resources import configs_dir, recipes_dir
+from draftkit.core.resources import configs_dir
 from draftkit.drafts import kind as kinds
 from draftkit.init import plan
-
-
-def recipe_names() -> list[str]:
-    return sorted(p.stem for p in recipes_dir().glob("*.yaml"))
-
-
-def check_recipe(name: str) -> Path:
-    path = recipes_dir() / f"{name}.yaml"
-    if path.is_file():
-        return path
-    if Path(name).is_file():
-        return Path(name)
-    near = difflib.get_close_matches(name, recipe_names(), n=2)
-    hint = f" Did you mean {' or '.join(near)}?" if near else ""
-    raise DraftkitError(f"unknown data recipe {name!r}.{hint} Known recipes: "
-                        f"{', '.join(recipe_names())} (files in {recipes_dir()}), or a path to a "
-                        "recipe YAML.")
+from draftkit.prepare.recipes import check_recipe
+from draftkit.target.capture import check_layer_ids
+from draftkit.target.load import target_dir
 
 
 def template_layers(kind: str, info: TargetInfo) -> list[Path]:
@@ -81,8 +66,6 @@ def _derive(cfg: RunConfig, info: TargetInfo, explicit: dict) -> None:
 
 def _resolve_kind(cfg: RunConfig, info: TargetInfo) -> None:
     """The draft kind fills and checks its own fields (its harvest needs: aux layer ids)."""
-    from draftkit.target.capture import check_layer_ids
-
     kinds.of(cfg).resolve(cfg, info)
     check_layer_ids(cfg.draft.aux_layer_ids, info.num_hidden_layers)
 
@@ -127,8 +110,6 @@ def init_run(target: str, data: str, kind: str = "eagle3", k: int | None = None,
                             "overwrite it, or --name to start another run")
     info = registry.resolve(cfg.target.name)
     if info.source in (registry.SOURCE_GGUF, registry.SOURCE_RANDOM):
-        from draftkit.target.load import target_dir
-
         target_dir(info)  # embedded targets: convert/build once into the cache now
     run_dir.mkdir(parents=True, exist_ok=True)
     artifacts.write_text_atomic(paths.config, config.dump(cfg))

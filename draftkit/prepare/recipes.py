@@ -11,6 +11,7 @@ Unknown keys and wrong types are errors that name the recipe and the key.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import yaml
 
 from draftkit.core import config
 from draftkit.core.errors import DraftkitError
+from draftkit.core.resources import recipes_dir
 
 FORMATS = ("qa", "messages")
 FIELDS = {"qa": ("prompt", "response", "system"), "messages": ("messages", "role", "content")}
@@ -168,10 +170,27 @@ def _check_source(src: SourceSpec, where: str, recipe: str) -> None:
                           "{prompt}")
 
 
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in recipes_dir().glob("*.yaml"))
+
+
+def check_recipe(name: str) -> Path:
+    """The YAML of recipe `name` (data_recipes/<name>.yaml, or a path); an unknown name is
+    refused with the known ones."""
+    path = recipes_dir() / f"{name}.yaml"
+    if path.is_file():
+        return path
+    if Path(name).is_file():
+        return Path(name)
+    near = difflib.get_close_matches(name, recipe_names(), n=2)
+    hint = f" Did you mean {' or '.join(near)}?" if near else ""
+    raise DraftkitError(f"unknown data recipe {name!r}.{hint} Known recipes: "
+                        f"{', '.join(recipe_names())} (files in {recipes_dir()}), or a path to a "
+                        "recipe YAML.")
+
+
 def load_recipe(name_or_path: str) -> Recipe:
     """Parse and validate `data_recipes/<name>.yaml` (or a path to a recipe YAML)."""
-    from draftkit.init.stage import check_recipe
-
     path = check_recipe(name_or_path).resolve()
     try:
         data = yaml.safe_load(path.read_text()) or {}

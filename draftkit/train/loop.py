@@ -333,8 +333,6 @@ def _load_checkpoint(path: Path, raw, opt, sched) -> tuple[LoopState, list[dict]
     weights = load_file(str(path / "trainable.safetensors"))
     missing = set(_trainable(raw)) - set(weights)
     if missing:
-        from draftkit.core.errors import DraftkitError
-
         raise DraftkitError(f"checkpoint {path} lacks {sorted(missing)[:3]}...: it was written "
                             "by a different model config; move it away or train in a new run")
     with torch.no_grad():

@@ -1,5 +1,6 @@
-"""`draftkit train RUN`: train the EAGLE-3 head, offline from harvest shards or online with the
-target in the loop, through the generic loop in loop.py.
+"""`draftkit train RUN`: train the run's draft (any kind: the kind builds the module, drafts/kind.py),
+offline from harvest shards or online with the target in the loop, through the generic loop in
+loop.py.
 
     draftkit train runs/demo                                  # offline, from harvest/
     draftkit train runs/demo train.mode=online                # target in the loop, no disk
@@ -30,6 +31,12 @@ from draftkit.core.batching import plan_batches, to_device
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
+from draftkit.drafts.acceptance import aggregate
+from draftkit.harvest.shards import open_harvest
+from draftkit.prepare.dataset import load_split
+from draftkit.target.capture import OnlineCapture
+from draftkit.target.lineage import same_lineage
+from draftkit.target.load import load_target
 from draftkit.train import loop
 from draftkit.train.data import (
     BatchBuilder,
@@ -60,8 +67,6 @@ def _extra_runs(run: Run) -> list[RunPaths]:
 
 def _open_harvest(cfg, paths: RunPaths, split: str):
     """The run's verified harvest of `split` (sha256-checked once here; read lazily later)."""
-    from draftkit.harvest.shards import open_harvest
-
     hdir = paths.harvest
     if split == "eval":
         hdir = hdir / "eval"
@@ -70,7 +75,6 @@ def _open_harvest(cfg, paths: RunPaths, split: str):
                             "train online with train.mode=online")
     name = config.load(paths.root).target.name  # an extra run may name another checkpoint
     if name != cfg.target.name:  # of the same lineage (shapes + tokenizer), e.g. an RL step
-        from draftkit.target.lineage import same_lineage
 
         if problems := same_lineage(name, cfg.target.name):
             raise DraftkitError(f"train.extra_runs entry {paths.root} harvested target {name!r}, "
@@ -85,8 +89,6 @@ def build_draft(cfg, data_runs: list[RunPaths], target) -> torch.nn.Module:
 
 
 def _online_source(paths: RunPaths, split: str) -> TokenSource:
-    from draftkit.prepare.dataset import load_split
-
     ds = load_split(paths.data, split)
     return TokenSource([{"input_ids": torch.tensor(r["input_ids"]),
                          "loss_mask": torch.tensor(r["loss_mask"])} for r in ds])
@@ -94,8 +96,6 @@ def _online_source(paths: RunPaths, split: str) -> TokenSource:
 
 def make_evaluator(build: BatchBuilder, batch_tokens: int):
     """Eval over the whole held-out split, batches in length order (no shuffle)."""
-    from draftkit.drafts.eagle3.losses import aggregate
-
     batches = PlannedBatches(plan_batches(build.source.lengths(), batch_tokens,
                                           pad_multiple=build.pad_multiple), build)
 
@@ -109,8 +109,6 @@ def make_evaluator(build: BatchBuilder, batch_tokens: int):
 def train(run_dir: Path, overrides: list[str] | None = None,
           stop_after: int | None = None) -> Path:
     """Train the run's draft; returns the train dir (best checkpoint in train/best)."""
-    from draftkit.target.load import load_target
-
     run = config.open_run(run_dir, overrides)
     cfg = run.cfg
     if cfg.train.mode not in ("offline", "online"):
@@ -133,8 +131,6 @@ def train(run_dir: Path, overrides: list[str] | None = None,
 
     capture = None
     if cfg.train.mode == "online":
-        from draftkit.target.capture import OnlineCapture
-
         capture = OnlineCapture(target.model, cfg.draft.aux_layer_ids)
         train_src, eval_src = _online_source(run.paths, "train"), _online_source(run.paths, "eval")
     else:

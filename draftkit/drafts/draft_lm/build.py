@@ -27,6 +27,8 @@ import torch
 from draftkit.core import artifacts, config, registry
 from draftkit.core.config import ConfigError
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.draft_lm.model import DraftLM
+from draftkit.target.load import target_dir
 
 INIT_MODES = ("sibling", "truncate", "scratch")
 
@@ -187,8 +189,6 @@ def load_lm(path: Path):
 
 def sibling_dir(name: str, revision: str = "main") -> Path:
     """The sibling's HF dir: a registry model (downloaded or cached) or a local dir."""
-    from draftkit.target.load import target_dir
-
     if registry.lookup(name) is not None:
         return target_dir(name, revision)
     path = Path(name).expanduser()
@@ -236,6 +236,4 @@ def build_lm(cfg, target):
 
 def build_draft_lm(cfg, target):
     """The trainable `DraftLM` of a run: `build_lm` wrapped with the target's norm/lm_head."""
-    from draftkit.drafts.draft_lm.model import DraftLM
-
     return DraftLM.for_target(build_lm(cfg, target), target.model, cfg)

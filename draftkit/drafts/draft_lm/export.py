@@ -23,7 +23,7 @@ from draftkit.core import artifacts, provenance, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
-from draftkit.export.stage import serving_snippets
+from draftkit.drafts.export_files import serving_snippets
 from draftkit.target.load import run_target_dir
 
 

@@ -13,27 +13,37 @@ from pathlib import Path
 import torch
 
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.acceptance import shift
+from draftkit.drafts.draft_lm.build import build_draft_lm, describe_init, load_lm, resolve_init
+from draftkit.drafts.draft_lm.drafter import HFDraftLM
+from draftkit.drafts.draft_lm.export import export_run, write_files
 from draftkit.drafts.draft_lm.model import DraftLM
-from draftkit.drafts.eagle3.losses import shift
-from draftkit.drafts.kind import KindDefaults, device_of, draft_sampling, fuse_projections, register
+from draftkit.drafts.kind import (
+    SERVED_TARGET_DIFFERS,
+    KindDefaults,
+    device_of,
+    draft_sampling,
+    fuse_projections,
+    register,
+)
+from draftkit.target.capture import capture
+from draftkit.target.load import run_target_dir
 
 
 class DraftLMKind(KindDefaults):
     name, method = "draft-lm", "draft_model"
+    likely_causes = ("the draft's tokenizer or vocab differs from the target's",
+                     SERVED_TARGET_DIFFERS)
     model_cls = DraftLM  # what `load` wraps the published LM in (PARD: PardLM)
 
     # ----------------------------------------------------------------- init, train
 
     def resolve(self, cfg, info) -> None:
-        from draftkit.drafts.draft_lm.build import resolve_init
-
         if not cfg.draft.aux_layer_ids:  # the last state (id N) only: harvest no more
             cfg.draft.aux_layer_ids = [info.num_hidden_layers]
         resolve_init(cfg, info)  # sibling | truncate | scratch, checked against the target
 
     def describe(self, cfg) -> str | None:
-        from draftkit.drafts.draft_lm.build import describe_init
-
         return describe_init(cfg)
 
     def check_train(self, cfg) -> None:
@@ -46,15 +56,11 @@ class DraftLMKind(KindDefaults):
                                 f"set train.freeze_head=false for draft.kind={self.name}")
 
     def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
-        from draftkit.drafts.draft_lm.build import build_draft_lm
-
         return build_draft_lm(cfg, target)
 
     # ----------------------------------------------------------------- export, eval
 
     def export_run(self, run) -> Path:
-        from draftkit.drafts.draft_lm.export import export_run
-
         return export_run(run)
 
     def speculative_config(self, directory: str | Path, k: int | None,
@@ -71,8 +77,6 @@ class DraftLMKind(KindDefaults):
         return AutoModelForCausalLM.from_pretrained(directory)
 
     def reference_drafter(self, draft, target):
-        from draftkit.eval.spec_decode import HFDraftLM
-
         return HFDraftLM(draft)
 
     def aux_layer_ids(self, draft) -> list[int] | None:
@@ -81,8 +85,6 @@ class DraftLMKind(KindDefaults):
     # ----------------------------------------------------------------- refresh
 
     def load(self, directory: Path, policy_model, k: int) -> DraftLM:
-        from draftkit.drafts.draft_lm.build import load_lm
-
         lm, _ = load_lm(Path(directory))
         base = getattr(policy_model, "model", policy_model)
         return self.model_cls(lm, base.norm.weight, policy_model.lm_head.weight,
@@ -91,8 +93,6 @@ class DraftLMKind(KindDefaults):
 
     def features(self, model, policy_model, input_ids: torch.Tensor,
                  attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        from draftkit.target.capture import capture
-
         device = device_of(policy_model)
         n = policy_model.config.num_hidden_layers
         _, last = capture(policy_model, input_ids.to(device), [n],
@@ -110,8 +110,6 @@ class DraftLMKind(KindDefaults):
     def export(self, model: DraftLM, tmp: Path, final: Path, cfg) -> None:
         from transformers import AutoTokenizer
 
-        from draftkit.drafts.draft_lm.export import write_files
-        from draftkit.target.load import run_target_dir
 
         write_files(tmp, final, model.lm, AutoTokenizer.from_pretrained(run_target_dir(cfg.target)), cfg)
 

@@ -6,7 +6,7 @@ logits at p) and q = softmax(draft logits at p), both over the FULL vocabulary:
     kl(p)  = KL(p || q) = sum_v p_v (log p_v - log q_v)     (forward KL, as DistillSpec's FKL)
     ce(p)  = -log q_{x_{p+1}}                               (hard label: the data's next token)
     loss   = (1 - w) * mean kl + w * mean ce                 (w = train.ce_weight, default 0)
-Greedy acceptance is simulated like EAGLE-3's (drafts/eagle3/losses.py, whose count keys and
+Greedy acceptance is simulated like EAGLE-3's (drafts/acceptance.py, whose count keys and
 `aggregate` these metrics share): correct(p) = draft argmax == target argmax at p. A chain of k
 drafts from position t is teacher-forced, so draft j of the chain is the draft's prediction at
 t+j: correct_j(t) = correct(t+j), counted in cond_acc_j only where drafts 0..j-1 were correct,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from draftkit.drafts.eagle3.losses import metrics_from_counts, shift
+from draftkit.drafts.acceptance import metrics_from_counts, shift
 
 
 def kl_full_vocab(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:

@@ -15,13 +15,13 @@ from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import format as fmt
 from draftkit.drafts.eagle3.model import Eagle3Draft
 from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.prepare.dataset import load_token_counts
+from draftkit.target.lineage import same_lineage
+from draftkit.target.tokens import end_of_turn_ids
 
 
 def load_vocab(cfg, data_runs: list[RunPaths], tokenizer):
     """Top-`draft_vocab_size` tokens of prepare's counts summed over the runs trained on."""
-    from draftkit.prepare.dataset import load_token_counts
-    from draftkit.target.tokens import end_of_turn_ids
-
     counts = None
     for r in data_runs:
         c = load_token_counts(r.data)
@@ -53,7 +53,6 @@ def warm_start(cfg, target_model, cls=Eagle3Draft):
             for f in dataclasses.fields(want)
             if f.name not in free and getattr(got, f.name) != getattr(want, f.name)]
     if got.target_name and got.target_name != cfg.target.name:  # lineage: shapes + tokenizer
-        from draftkit.target.lineage import same_lineage
 
         diff[:0] = [f"target {got.target_name!r} there, {cfg.target.name!r} here: {p}"
                     for p in same_lineage(got.target_name, cfg.target.name)]

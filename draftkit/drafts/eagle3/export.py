@@ -22,7 +22,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle3 import format as fmt
 from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
-from draftkit.export.stage import read_json, serving_snippets
+from draftkit.drafts.export_files import read_json, serving_snippets
 
 # serving/drafter_swap.py's worker extension, named for the README (drafts never import serving)
 SWAP_EXTENSION = "draftkit.serving.drafter_swap.DrafterSwap"

@@ -26,6 +26,7 @@ import torch
 
 from draftkit.core import registry
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.eagle3.vocab import validate
 
 FORMAT_VERSION = 1
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
@@ -254,8 +255,6 @@ def expected_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
 
 def check_state_dict(spec: DraftSpec, tensors: dict[str, torch.Tensor]) -> None:
     """Refuse anything vLLM would load wrongly: missing d2t, stray tensors, wrong shapes."""
-    from draftkit.drafts.eagle3.vocab import validate
-
     check_aux_ids(spec.aux_layer_ids)
     reduced = spec.draft_vocab_size < spec.target_vocab_size
     if reduced and "d2t" not in tensors:

@@ -13,11 +13,33 @@ import torch
 from draftkit.core import registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle3 import draft_argmax
-from draftkit.drafts.kind import KindDefaults, device_of, draft_sampling, fuse_projections, register
+from draftkit.drafts.eagle3 import format as fmt
+from draftkit.drafts.eagle3.build import build
+from draftkit.drafts.eagle3.drafter import Eagle3Drafter
+from draftkit.drafts.eagle3.export import export_run, write_files
+from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.kind import (
+    SERVED_TARGET_DIFFERS,
+    KindDefaults,
+    device_of,
+    draft_sampling,
+    fuse_projections,
+    register,
+)
+from draftkit.target.capture import capture
 
 
 class Eagle3Kind(KindDefaults):
     name, method = "eagle3", "eagle3"
+    likely_causes = (
+        "norm flags (norm_before_residual/norm_before_fc/fc_norm/norm_output) differ between "
+        "training and config.json",
+        "eagle_aux_hidden_state_layer_ids do not name the layers the draft was trained on "
+        "(vLLM convention: id k = hidden entering layer k)",
+        "vocab map: d2t missing/wrong, or the draft vocab built from another tokenizer",
+        "RoPE: rope_theta/rope scaling of transformer_layer_config differs from the target's",
+        SERVED_TARGET_DIFFERS,
+    )
 
     # ----------------------------------------------------------------- init, train
 
@@ -38,15 +60,11 @@ class Eagle3Kind(KindDefaults):
         return None  # every train.* setting applies to a head
 
     def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
-        from draftkit.drafts.eagle3.build import build
-
         return build(cfg, data_runs, target)
 
     # ----------------------------------------------------------------- export, eval
 
     def export_run(self, run) -> Path:
-        from draftkit.drafts.eagle3.export import export_run
-
         return export_run(run)
 
     def speculative_config(self, directory: str | Path, k: int | None,
@@ -55,8 +73,6 @@ class Eagle3Kind(KindDefaults):
                 **draft_sampling(sample)}
 
     def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
-        from draftkit.drafts.eagle3 import format as fmt
-
         spec = fmt.from_config(conf)
         t = cfg.target
         return {"hidden size": (spec.hidden_size, t.hidden_size),
@@ -64,14 +80,18 @@ class Eagle3Kind(KindDefaults):
                 "vocab": (spec.target_vocab_size, t.vocab_size)}
 
     def load_export(self, directory: Path, target_model) -> torch.nn.Module:
-        from draftkit.drafts.eagle3.model import Eagle3Draft
-
         return Eagle3Draft.from_pretrained(directory, target_model=target_model)
 
     def reference_drafter(self, draft, target):
-        from draftkit.eval.spec_decode import Eagle3Drafter
-
         return Eagle3Drafter(draft, target)
+
+    def draft_step_call(self, draft, batch: int, position: int):
+        """`draft.step` on one new row per sequence (no KV cache: eval/costs.py's c_draft)."""
+        p = next(draft.parameters())
+        ids = torch.zeros(batch, 1, dtype=torch.long, device=p.device)  # [b, 1]
+        hidden = torch.randn(batch, 1, draft.spec.hidden_size, dtype=p.dtype, device=p.device)
+        pos = torch.full((batch, 1), position, dtype=torch.long, device=p.device)  # [b, 1]
+        return lambda: draft.step(ids, hidden, pos)
 
     def aux_layer_ids(self, draft) -> list[int] | None:
         return list(draft.spec.aux_layer_ids)
@@ -79,14 +99,10 @@ class Eagle3Kind(KindDefaults):
     # ----------------------------------------------------------------- refresh
 
     def load(self, directory: Path, policy_model, k: int):
-        from draftkit.drafts.eagle3.model import Eagle3Draft
-
         return Eagle3Draft.from_pretrained(directory, policy_model, ttt_steps=k).float().to(
             device_of(policy_model))
 
     def features(self, model, policy_model, input_ids, attention_mask):
-        from draftkit.target.capture import capture
-
         device = device_of(policy_model)
         aux, last = capture(policy_model, input_ids.to(device), model.spec.aux_layer_ids,
                             attention_mask=attention_mask.to(device))
@@ -100,9 +116,6 @@ class Eagle3Kind(KindDefaults):
         return steps, vocab_ids
 
     def export(self, model, tmp: Path, final: Path, cfg) -> None:
-        from draftkit.drafts.eagle3 import format as fmt
-        from draftkit.drafts.eagle3.export import write_files
-
         spec = fmt.with_k(model.spec, cfg.draft.num_speculative_tokens)
         tensors = model.export_state_dict()
         fmt.check_state_dict(spec, tensors)

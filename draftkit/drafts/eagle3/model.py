@@ -33,12 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftkit.core import artifacts
+from draftkit.core import artifacts, registry
 from draftkit.core.batching import pad_rows
 from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import acceptance
 from draftkit.drafts.eagle3 import format as fmt
-from draftkit.drafts.eagle3 import losses
+from draftkit.drafts.eagle3 import init_layer, losses
 from draftkit.drafts.eagle3.format import DraftSpec
 from draftkit.drafts.eagle3.layer import (
     Eagle3Layer,
@@ -49,6 +50,7 @@ from draftkit.drafts.eagle3.layer import (
     ttt_mask,
 )
 from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.target.load import run_target_dir, target_dir
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -96,8 +98,6 @@ class Eagle3Draft(nn.Module):
         lm_head rows of the draft vocab, the decoder layer from a target layer with
         draft.init_layer_from (init_layer.py). Without `target_model` the three tensors are read
         from the target's safetensors (no full model load)."""
-        from draftkit.target.load import run_target_dir
-
         hub = cfg.target.source == "hub" and cfg.target.hub_id
         path = None if hub and target_model is not None else run_target_dir(cfg.target)
         verifier = cfg.target.hub_id if hub else str(Path(path).resolve())
@@ -108,7 +108,6 @@ class Eagle3Draft(nn.Module):
         model.load_target_tensors(*tensors, init_lm_head=True,
                                   init_norm=cfg.draft.init_norm_from_target)
         if cfg.draft.init_layer_from is not None:  # else the layer stays random
-            from draftkit.drafts.eagle3 import init_layer
 
             layers = init_layer.layers_to_copy(cfg.draft.init_layer_from,
                                                cfg.target.num_hidden_layers, spec.num_layers)
@@ -285,7 +284,7 @@ class Eagle3Draft(nn.Module):
         states = []
         for j in range(self.ttt_steps):
             cos, sin = self.rotary(positions + j, hidden.dtype)  # position t+j
-            embeds = self.embed_tokens(losses.shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
+            embeds = self.embed_tokens(acceptance.shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
             prenorm = self.ttt_layers(embeds, hidden, cos, sin, keys, values, mask[..., : (j + 1) * t])
             post = self.norm(prenorm)
             states.append(post)
@@ -312,7 +311,7 @@ class Eagle3Draft(nn.Module):
         valid = batch["attention_mask"].bool()  # [B, T]
         learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
         # the verifier is needed only at positions p whose next token x_{p+1} is learned
-        need = valid & losses.shift(learn, 1)  # [B, T]
+        need = valid & acceptance.shift(learn, 1)  # [B, T]
         tgt_logits, tgt_ids = self.verifier_targets(  # [B, T, Vd], [B, T]
             batch["last"], where=need, full_vocab=not self.training)
         aux = batch["aux"]
@@ -326,13 +325,13 @@ class Eagle3Draft(nn.Module):
         for j, post in enumerate(states):
             # index t predicts x_{t+2+j} (counts if it exists and is an assistant token);
             # the verifier's distribution for it comes from last[t+1+j]
-            step_valid = valid & losses.shift(learn, 2 + j)  # [B, T]
+            step_valid = valid & acceptance.shift(learn, 2 + j)  # [B, T]
             rows = post[step_valid]  # [N, H]: only the positions that count
             picked = self.lm_head(pad_rows(rows, ROW_MULTIPLE))[: rows.shape[0]]  # [N, Vd]
             logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)  # [B,T,Vd]
             logits = logits.index_put((step_valid,), picked)
             kl_sum, c, correct = losses.step_terms(
-                logits, losses.shift(tgt_logits, 1 + j), losses.shift(tgt_ids, 1 + j), to_target,
+                logits, acceptance.shift(tgt_logits, 1 + j), acceptance.shift(tgt_ids, 1 + j), to_target,
                 step_valid, chain_ok)
             chain_ok = chain_ok & correct
             kl_sums.append(kl_sum)
@@ -413,9 +412,6 @@ def read_target_tensors(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 def _target_path(spec: DraftSpec) -> Path:
-    from draftkit.core import registry
-    from draftkit.target.load import target_dir
-
     name = spec.target_name or spec.verifier_name_or_path
     if not name:
         raise DraftkitError("the checkpoint names no verifier; pass target_model= to "

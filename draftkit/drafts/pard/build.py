@@ -18,6 +18,8 @@ data is checked for it at every step (PardLM.packed_hidden): a real occurrence i
 from __future__ import annotations
 
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.draft_lm.build import build_lm
+from draftkit.drafts.pard.model import PardLM
 
 
 def choose_mask_token(tokenizer, vocab_rows: int, eos_ids: list[int] | tuple = ()) -> int:
@@ -51,9 +53,6 @@ def _eos_ids(model) -> list[int]:
 def build_pard(cfg, target):
     """The trainable `PardLM` of a run: draft_lm's `build_lm`, a mask token, the target's
     norm/lm_head."""
-    from draftkit.drafts.draft_lm.build import build_lm
-    from draftkit.drafts.pard.model import PardLM
-
     lm = build_lm(cfg, target)
     if getattr(lm.config, "pard_token", None) is None:
         rows = lm.get_input_embeddings().weight.shape[0]

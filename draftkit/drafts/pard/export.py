@@ -16,7 +16,7 @@ from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.draft_lm import export as lm_export
 from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
-from draftkit.export.stage import serving_snippets
+from draftkit.drafts.export_files import serving_snippets
 from draftkit.target.load import run_target_dir
 
 

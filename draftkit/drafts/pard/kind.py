@@ -19,7 +19,11 @@ import torch
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.draft_lm.kind import DraftLMKind
 from draftkit.drafts.kind import register
+from draftkit.drafts.pard.build import build_pard
+from draftkit.drafts.pard.drafter import PardDrafter
+from draftkit.drafts.pard.export import export_run, write_files
 from draftkit.drafts.pard.model import PardLM
+from draftkit.target.load import run_target_dir
 
 
 class PardKind(DraftLMKind):
@@ -41,15 +45,11 @@ class PardKind(DraftLMKind):
     # check_train: the draft-lm kind's (no feature noise, no frozen head)
 
     def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
-        from draftkit.drafts.pard.build import build_pard
-
         return build_pard(cfg, target)
 
     # ----------------------------------------------------------------- export, eval
 
     def export_run(self, run) -> Path:
-        from draftkit.drafts.pard.export import export_run
-
         return export_run(run)
 
     def speculative_config(self, directory: str | Path, k: int | None,
@@ -67,8 +67,6 @@ class PardKind(DraftLMKind):
     # load_export: the HF model (its config keeps pard_token)
 
     def reference_drafter(self, draft, target):
-        from draftkit.drafts.pard.drafter import PardDrafter
-
         return PardDrafter(draft)
 
     # aux_layer_ids: none (the target's plain logits suffice)
@@ -85,8 +83,6 @@ class PardKind(DraftLMKind):
     def export(self, model: PardLM, tmp: Path, final: Path, cfg) -> None:
         from transformers import AutoTokenizer
 
-        from draftkit.drafts.pard.export import write_files
-        from draftkit.target.load import run_target_dir
 
         write_files(tmp, final, model.lm, AutoTokenizer.from_pretrained(run_target_dir(cfg.target)),
                     cfg)

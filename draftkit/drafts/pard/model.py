@@ -9,7 +9,7 @@ whose next token is learned (an assistant token): step 0 scores the positions Dr
 
 Loss = (1/k) sum_j mean KL_j over the slots of step j whose label x_{a+1+j} is learned (plus
 train.ce_weight of hard-label CE), one `LinearDistill` pass per step. Metrics use the
-EAGLE-3/draft-lm keys (eagle3/losses.aggregate sums them): a chain of k drafts from anchor a
+EAGLE-3/draft-lm keys (acceptance.aggregate sums them): a chain of k drafts from anchor a
 is slot 0..k-1 of that anchor, and step j counts in cond_acc_j only where steps < j were correct.
 """
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.acceptance import metrics_from_counts, shift
 from draftkit.drafts.draft_lm import losses
 from draftkit.drafts.draft_lm.model import DraftLM, _autocast_dtype, _next
-from draftkit.drafts.eagle3.losses import metrics_from_counts, shift
 from draftkit.drafts.pard import layout
 
 

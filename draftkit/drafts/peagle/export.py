@@ -19,8 +19,8 @@ from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle3 import format as eagle3_fmt
 from draftkit.drafts.eagle3.export import _target_ref, check_against_run, portable
 from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
+from draftkit.drafts.export_files import read_json, serving_snippets
 from draftkit.drafts.peagle import format as fmt
-from draftkit.export.stage import read_json, serving_snippets
 
 
 def export_run(run) -> Path:

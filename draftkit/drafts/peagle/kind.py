@@ -14,8 +14,14 @@ from pathlib import Path
 import torch
 
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.eagle3 import format as eagle3_fmt
 from draftkit.drafts.eagle3.kind import Eagle3Kind
 from draftkit.drafts.kind import device_of, register
+from draftkit.drafts.peagle import format as fmt
+from draftkit.drafts.peagle.build import build
+from draftkit.drafts.peagle.drafter import PEagleDrafter
+from draftkit.drafts.peagle.export import export_run, write_files
+from draftkit.drafts.peagle.model import PEagleDraft
 
 
 class PEagleKind(Eagle3Kind):
@@ -37,15 +43,11 @@ class PEagleKind(Eagle3Kind):
                 f"learned. Set train.ttt_steps={k} (or more, for a larger k at serving time)")
 
     def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
-        from draftkit.drafts.peagle.build import build
-
         return build(cfg, data_runs, target)
 
     # ----------------------------------------------------------------- export, eval
 
     def export_run(self, run) -> Path:
-        from draftkit.drafts.peagle.export import export_run
-
         return export_run(run)
 
     def speculative_config(self, directory: str | Path, k: int | None,
@@ -53,8 +55,6 @@ class PEagleKind(Eagle3Kind):
         return {**super().speculative_config(directory, k, sample), "parallel_drafting": True}
 
     def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
-        from draftkit.drafts.peagle import format as fmt
-
         spec, _ = fmt.from_config(conf)
         t = cfg.target
         return {"hidden size": (spec.hidden_size, t.hidden_size),
@@ -65,8 +65,6 @@ class PEagleKind(Eagle3Kind):
         return _load(directory, target_model)
 
     def reference_drafter(self, draft, target):
-        from draftkit.drafts.peagle.drafter import PEagleDrafter
-
         return PEagleDrafter(draft, target)
 
     # ----------------------------------------------------------------- refresh
@@ -77,10 +75,6 @@ class PEagleKind(Eagle3Kind):
         return _load(directory, policy_model, ttt_steps=k).float().to(device_of(policy_model))
 
     def export(self, model, tmp: Path, final: Path, cfg) -> None:
-        from draftkit.drafts.eagle3 import format as eagle3_fmt
-        from draftkit.drafts.peagle import format as fmt
-        from draftkit.drafts.peagle.export import write_files
-
         spec = eagle3_fmt.with_k(model.spec, cfg.draft.num_speculative_tokens)
         tensors = model.export_state_dict()
         fmt.check_state_dict(spec, tensors, model.mask_token_id)
@@ -89,8 +83,6 @@ class PEagleKind(Eagle3Kind):
     def engine_view(self, directory: Path) -> dict[str, torch.Tensor]:
         """EAGLE-3's view plus vLLM's `mask_hidden` buffer [1, A*Ht] (top level of the model).
         vLLM derives the parallel slots' hidden state from it (fc applied) once, at load."""
-        from draftkit.drafts.peagle import format as fmt
-
         out = super().engine_view(directory)
         mask = out.pop("model." + fmt.MASK_HIDDEN)
         out[fmt.MASK_HIDDEN] = mask.reshape(1, -1)
@@ -116,8 +108,6 @@ class PEagleKind(Eagle3Kind):
 
 
 def _load(directory: Path, target_model, ttt_steps: int | None = None):
-    from draftkit.drafts.peagle.model import PEagleDraft
-
     kwargs = {} if ttt_steps is None else {"ttt_steps": ttt_steps}
     model = PEagleDraft.from_pretrained(directory, target_model, **kwargs)
     if model.mask_token_id is None:

@@ -35,7 +35,8 @@ from torch import nn
 
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3 import losses
+from draftkit.drafts import acceptance
+from draftkit.drafts.eagle3 import format as eagle3_fmt
 from draftkit.drafts.eagle3.format import DraftSpec
 from draftkit.drafts.eagle3.layer import ttt_mask
 from draftkit.drafts.eagle3.model import _TRAIN_DEFAULTS, CONFIG_FILE, WEIGHTS_FILE, Eagle3Draft
@@ -82,7 +83,6 @@ class PEagleDraft(Eagle3Draft):
         spec, mask_token_id = fmt.from_config(artifacts.read_json(directory / CONFIG_FILE))
         tensors = load_file(str(directory / WEIGHTS_FILE))
         if mask_token_id is None:  # an EAGLE-3 head
-            from draftkit.drafts.eagle3 import format as eagle3_fmt
 
             eagle3_fmt.check_state_dict(spec, tensors)
         else:
@@ -119,7 +119,7 @@ class PEagleDraft(Eagle3Draft):
         states = []
         for j in range(self.ttt_steps):
             if j == 0:  # token x_{t+1} beside fuse(h_t): EAGLE-3's step 0
-                embeds, prenorm = self.embed_tokens(losses.shift(input_ids, 1)), self.fuse(aux)
+                embeds, prenorm = self.embed_tokens(acceptance.shift(input_ids, 1)), self.fuse(aux)
             else:  # slot j: nothing of the draft's own earlier outputs
                 embeds, prenorm = mask_embed, mask_hidden
             cos, sin = self.rotary(positions + j, prenorm.dtype)  # position t+j
