@@ -187,6 +187,16 @@ def test_every_method_missing_at_one_batch_drops_out_of_the_schedule():
         [1, 7, 2], [8, 8, 2]]
 
 
+def test_suffix_decoding_is_picked_per_range_but_never_scheduled():
+    # vLLM 0.32's suffix proposer asserts a fixed k: a schedule of suffix would kill the engine
+    rows = [row("none", None, b, 10.0) for b in (1, 8)] + \
+        [row("suffix", 3, b, 20.0) for b in (1, 8)] + [row("ngram", 3, b, 12.0) for b in (1, 8)]
+    c = choice.choose(rows)
+    assert [p["method"] for p in c["ranges"]] == ["suffix", "suffix"]
+    assert c["dynamic"]["method"] == "ngram"  # the best method vLLM can vary k for
+    assert choice.choose([r for r in rows if r["method"] != "ngram"])["dynamic"] is None
+
+
 # ----------------------------------------------------------------------------- the export
 
 

