@@ -89,9 +89,12 @@ def _assumed(cfg: RunConfig) -> dict:
 
     d = cfg.data
     recipe = load_recipe(d.recipe)
-    train = (d.max_samples or recipe.max_samples) + d.self_instruct
-    train *= 1 + d.substitute_copies
+    train = d.max_samples or recipe.max_samples
     ev = d.eval_samples or recipe.eval_samples
+    if d.source == "offline":  # the shipped/generated samples bound what prepare can take
+        train = min(train, _offline_rows(recipe, recipe.sources))
+        ev = min(ev, _offline_rows(recipe, [recipe.eval] if recipe.eval else []))
+    train = (train + d.self_instruct) * (1 + d.substitute_copies)
     ev_h = min(ev, cfg.harvest.eval_sequences) if cfg.harvest.eval_sequences else ev
     answer = ANSWER_FILL * d.regen_max_new_tokens if d.regenerate else RESPONSE_TOKENS
     per = min(d.max_seq_len, PROMPT_TOKENS + answer)
@@ -102,6 +105,23 @@ def _assumed(cfg: RunConfig) -> dict:
     regen = int((train + ev) * (per - PROMPT_TOKENS)) if d.regenerate else 0
     return {"train": train, "eval": ev_h, "tokens": int((train + ev_h) * per), "regen": regen,
             "from": why, "per": per}
+
+
+def _offline_rows(recipe, sources: list) -> int:
+    """Rows the offline sample of `sources` holds: mathgen counts, local JSONL/Parquet rows."""
+    n = 0
+    for src in sources:
+        files = [*src.files, *(src.offline.files if src.offline else [])]
+        n += src.offline.count if src.offline and src.offline.mathgen else 0
+        for f in map(recipe.resolve, files):
+            if f.suffix == ".parquet":
+                import pyarrow.parquet as pq  # the prepare stack's (datasets) own dependency
+
+                n += pq.ParquetFile(f).metadata.num_rows
+            elif f.is_file():
+                with open(f, "rb") as fh:
+                    n += sum(1 for line in fh if line.strip())
+    return n
 
 
 # ----------------------------------------------------------------------------- shapes
