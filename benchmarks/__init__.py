@@ -1,10 +1,18 @@
-"""The lab beside the product: experiment harnesses that import draftkit and that draftkit never
-imports. scripts/ drives them and writes results/.
+"""The lab beside the product: benchmark harnesses that import draftkit and that draftkit never
+imports, grouped by the question they answer. scripts/ holds their thin drivers (argparse and
+one call), each writing results/<bench>.{json,md,png}.
 
-    grpo_loop, grpo, reward   a small GRPO loop on the embedded target with the draft refreshed
-                              and swapped in place (scripts/rl_loop.py)
-    bench                     the refresh benchmark: stale vs refreshed vs scratch vs the free
-                              methods (scripts/bench_refresh.py)
-    style_shift               a controlled policy drift for that benchmark (scripts/drift_policy.py)
-    scratch                   the from-scratch draft baseline (scripts/scratch_draft.py)
+    cost/       what each stage costs in time and memory: harvest, streaming, refresh capture,
+                a training step, a real target's scale
+    learning/   what acceptance a training recipe buys: EAGLE-3 and draft-LM runs, the
+                training and data levers, the AL-vs-compute frontier, vocab coverage, misses,
+                near-duplicates
+    serving/    how fast vLLM serves a draft: the goals table against the free methods, where a
+                step's time goes (and the step timers), greedy vs probabilistic drafting, swaps
+                into a running server
+    rl/         whether refresh earns its cost during RL: the GRPO loop with the draft swapped
+                in place, the refresh benchmark, a controlled drift, the from-scratch baseline
+    report      what the benchmarks share: bench runs over a finished run's data, the vLLM
+                table and plots, writing results/
+    headline    the README's headline table, derived from a bench_goals result
 """

@@ -30,8 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: _bench.py
-import _bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+from benchmarks import report  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if "enforce_eager" in choice:
             engine_settings.record("cpu_enforce_eager", choice["enforce_eager"], figures)
     md = markdown(res)
-    _bench.write_report(args.out, args.name, res, md, None)
+    report.write_report(args.out, args.name, res, md, None)
     print(md)
     return 0
 

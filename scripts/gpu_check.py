@@ -23,13 +23,20 @@ bench_scale_<device>.{json,md,png} beside the summary. Exit status 0 when every 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
+
+# torch, transformers, datasets and draftkit are imported inside the functions that use them
+# (deferred on purpose): `--device cpu` hides the GPUs (CUDA_VISIBLE_DEVICES) in main(), before
+# any of them loads.
 
 TARGET = "tiny-llama"
 OVERRIDES = [
@@ -109,8 +116,6 @@ def environment(device: str) -> dict:
 
 
 def vllm_status() -> dict:
-    import importlib.util
-
     installed = importlib.util.find_spec("vllm") is not None
     why = "vLLM is installed, but this check does not start it" if installed else \
         "vLLM is not installed on this machine"
@@ -185,8 +190,6 @@ def summary_of(result: dict) -> dict:
 
 def bench(check: Check, args) -> None:
     """scripts/bench_scale.py in its own process, within what is left of --budget-s."""
-    import subprocess
-
     left = args.budget_s - (time.perf_counter() - check.t0)
     if left < args.bench_min_s:
         check.data["steps"].append({"name": "bench_scale", "status": "skipped", "reason":
@@ -213,7 +216,7 @@ def bench(check: Check, args) -> None:
     check.step("bench_scale", run)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda | cpu")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) /
@@ -222,11 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bench", default="", help="then scripts/bench_scale.py at this target")
     p.add_argument("--budget-s", type=float, default=290, help="the whole check's seconds")
     p.add_argument("--bench-min-s", type=float, default=120)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.device == "cpu":  # harvest picks its device through accelerate: keep it off GPUs
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    import tempfile
-
     check = Check(args.out, args.device)
     with tempfile.TemporaryDirectory() as tmp:
         lifecycle(check, args.dir or Path(tmp), args.device)

