@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+from types import SimpleNamespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -96,8 +97,8 @@ def test_unreachable_timeout_and_http_errors_name_the_engine_and_lose_nothing(ru
     assert dead in str(e.value) and e.value.results[dead]["status"] == "unreachable"
     _unchanged(run)
 
-    stub.mode = "slow"
-    with pytest.raises(engines.EngineSwapError, match="timed out") as e:
+    stub.mode = "slow"  # answers, slowly, with nothing a swap transaction says
+    with pytest.raises(engines.EngineSwapError, match="not finished by the deadline") as e:
         engines.push(run, [stub.url], DraftStore(run).root / "v0002")
     assert stub.url in str(e.value)
     _unchanged(run)
@@ -115,7 +116,8 @@ def test_unreachable_timeout_and_http_errors_name_the_engine_and_lose_nothing(ru
         _unchanged(run)  # a refused swap or a swap that raised is not the draft's verdict
     assert stub.seen[-1][2] == SECRET  # every draftkit call carries the secret
     rec = engines.read(DraftStore(run))["engines"]
-    assert rec[dead]["status"] == "unreachable" and rec[stub.url]["status"] == "refused"
+    assert rec[dead]["status"] == "unreachable"  # none of these decided anything: asked again
+    assert rec[stub.url]["status"] == "behind" and not watch_mod._settled(rec[stub.url], "v0002")
     events = [x["event"] for x in DraftStore(run).events()]
     assert events.count("engine_swap_failed") == 5
 
@@ -204,7 +206,8 @@ def test_cli_swap_needs_a_run_draft_dir(tmp_path, monkeypatch):
 
 def test_routes_pause_and_always_resume_behind_the_secret(monkeypatch, tmp_path):
     """The endpoint plugin's routes on a bare FastAPI app with a stand-in engine client: the
-    secret gates them, and a swap that is refused still resumes the engine it paused."""
+    secret gates them, a swap without probes is refused before anything, and a swap that is
+    refused after its pause still resumes the engine (tests/test_swap_txn.py: the rest)."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
@@ -225,6 +228,13 @@ def test_routes_pause_and_always_resume_behind_the_secret(monkeypatch, tmp_path)
         async def resume_generation(self):
             calls.append("resume")
 
+        async def is_paused(self):
+            return False
+
+        vllm_config = SimpleNamespace(observability_config=SimpleNamespace(
+            per_request_spec_decode_metrics="summary"))
+
+    monkeypatch.setenv("DRAFTKIT_STATE_DIR", str(tmp_path))
     app = FastAPI()
     rollout_routes.DraftkitEndpoints().attach_router(app)
     app.state.engine_client = Engine()
@@ -237,7 +247,10 @@ def test_routes_pause_and_always_resume_behind_the_secret(monkeypatch, tmp_path)
     r = client.post("/draftkit/swap", json={"directory": str(tmp_path)}, headers=ok)
     assert r.status_code == 400 and "config.json" in r.json()["error"]  # nothing paused
     (tmp_path / "config.json").write_text("{}")
-    calls.clear()
     r = client.post("/draftkit/swap", json={"directory": str(tmp_path)}, headers=ok)
+    assert r.status_code == 400 and "probe" in r.json()["error"]  # the check cannot be skipped
+    calls.clear()
+    r = client.post("/draftkit/swap", json={"directory": str(tmp_path), "probes": [[1, 2]],
+                                            "min_al": 1.2}, headers=ok)
     assert r.status_code == 409 and r.json()["verdict"] == "refused"  # no dir holds its weights
     assert calls[0] == "pause keep" and calls[-1] == "resume"

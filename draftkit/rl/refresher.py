@@ -170,6 +170,7 @@ class DraftRefresher:
 
         rc, version = self.cfg.refresh, self.store.current()  # read once: what is tried
         directory = self.store.root / version if version else self.store.current_dir()
+        drafter_swap.require_measurable(llm)  # an engine the probe cannot read: not the draft's
         if version is not None and (failed := self.store.failure(version)) is not None:
             raise drafter_swap.DraftSwapError(
                 f"{version} is marked failed ({failed.get('reason', '')[:200]}); nothing was "

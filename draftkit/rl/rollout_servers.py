@@ -3,9 +3,12 @@
     draftkit swap http://10.0.0.5:8000 http://10.0.0.6:8000 --draft runs/rl/drafts/current
     draftkit watch runs/rl --checkpoints ckpts/ --rollouts rollouts/ --engines URL,URL
 
-Engines are swapped one after another (rollout.swap_engine: pause with requests kept, native
-update, hash check, resume, probe AL; a failed check puts that engine's previous draft back).
-`drafts/engines.json` (atomic) is rewritten after every engine:
+Engines are swapped one after another, each by one transaction on the server
+(rollout.swap_engine: pause with requests kept, native update, hash check, resume, probe AL
+read per request, and on any failure the previous draft back), which finishes whatever
+happens to this process. One push per run at a time (the store's push lock, across
+processes: the watch and an operator's `draftkit swap` take turns). `drafts/engines.json`
+(atomic, synced) is rewritten after every engine:
 
     {"engines": {"http://10.0.0.5:8000": {"version": "v0007", "directory": ".../v0007",
                  "status": "serving", "al": 2.1, "swap_s": 0.4, "pause_s": 0.5, "time": ...},
@@ -21,10 +24,15 @@ the draft's fault: the version is marked failed in the store and `current` goes 
 version the engines still serve (publish.py), so a restarted engine never loads it.
 
 The store and the engines never disagree silently: engines.json names each engine's version
-and status (`serving`, `refused`, `unknown` when a rollback did not restore or the engine could
-not be reached mid-swap, `unreachable`), every swap is an event in the refresh log, and
-`push` raises EngineSwapError naming every engine that does not serve the draft (the CLI exits
-non-zero). Transport failures decide nothing about the draft: nothing published changes.
+and status (`serving`; `refused`: its check failed there, not asked again for that version;
+`behind`: it serves an older version after a swap that decided nothing, retried every tick;
+`pending` while it still runs a transaction whose reply was lost; `unknown` when a rollback
+did not restore; `unreachable`. After a failure that decided nothing the version is what the
+engine itself reports at /draftkit/state), every swap is
+an event in the refresh log, and `push` raises EngineSwapError naming every engine that does
+not serve the draft (the CLI exits 2). Only a measured failure (verdict `failed`: hashes that
+differ, probe AL <= refresh.min_probe_al) judges the draft; transport failures, refusals and
+errors decide nothing: nothing published changes, and the next push tries again.
 """
 
 from __future__ import annotations
@@ -68,8 +76,7 @@ def read(store: DraftStore) -> dict:
 
 
 def _write(store: DraftStore, record: dict) -> None:
-    store.root.mkdir(parents=True, exist_ok=True)
-    artifacts.write_json_atomic(store.root / ENGINES, record)
+    store.write_record(ENGINES, record)
 
 
 def push(run_dir, urls: list[str], draft: str | Path | None = None,
@@ -94,9 +101,11 @@ def push(run_dir, urls: list[str], draft: str | Path | None = None,
     candidates = [store.root / v for v in reversed(store.versions())]
     candidates.append(artifacts.RunPaths(store.run).export)
     results = {}
-    for url in urls:
-        results[url] = _one(store, url, directory, version, cfg, probes, candidates, reload_held)
-    _judge(store, version, results)
+    with store.push_lock(timeout=cfg.refresh.engine_timeout_s * 2 * (len(urls) + 1)):
+        for url in urls:
+            results[url] = _one(store, url, directory, version, cfg, probes, candidates,
+                                reload_held)
+        _judge(store, version, results)
     return results
 
 
@@ -115,6 +124,9 @@ def _one(store, url, directory, version, cfg, probes, candidates, reload_held) -
                   swap_s=rep["swap_s"], pause_s=rep["pause_s"], transfer=rep["path"])
     except rollout.EngineError as e:
         rec = _failed_record(store, url, version, e, now)
+    except Exception as e:  # noqa: BLE001 - any fault of one engine is that engine's record
+        err = rollout.EngineError(url, f"the push raised {type(e).__name__}: {str(e)[:300]}")
+        rec = _failed_record(store, url, version, err, now)
     record = read(store)
     record["engines"][url] = rec
     _write(store, record)
@@ -125,19 +137,38 @@ def _failed_record(store: DraftStore, url: str, version: str, e: rollout.EngineE
                    now: str) -> dict:
     """What the engine serves after a failed swap, as far as it is known."""
     old = read(store)["engines"].get(url, {})
-    if e.verdict == "transport":  # nothing decided; a mid-swap loss leaves it unknown
-        rec = {**old, "status": "unreachable", "error": str(e), "time": now}
+    if e.verdict in ("transport", "refused"):  # nothing decided: record what the engine says
+        rec = {**old, **_engine_now(url), "refused": version, "verdict": e.verdict,
+               "error": str(e), "time": now}
+        rec.setdefault("status", "unreachable")
     elif e.restored is False:
         rec = {"version": None, "directory": None, "status": "unknown", "refused": version,
                "error": str(e), "restored": False, "time": now}
-    else:  # refused (nothing loaded) or failed/error with the previous draft back
+    else:  # failed (measured) or error (decided nothing), the previous draft back
         prev = e.previous or old.get("directory")
         rec = {"version": e.previous_version or (version_name(prev) if prev else None),
-               "directory": prev, "status": "refused", "refused": version, "verdict": e.verdict,
+               "directory": prev, "status": "refused" if e.verdict == "failed" else "behind",
+               "refused": version, "verdict": e.verdict,
                "error": str(e), "restored": e.restored, "time": now}
     store.log("engine_swap_failed", url=url, version=version, verdict=e.verdict,
               restored=e.restored, error=str(e)[:500])
     return rec
+
+
+def _engine_now(url: str) -> dict:
+    """What the engine reports serving ({} when it cannot be read): version, directory, and
+    status `pending` while its latest transaction still runs, else `behind` (it serves its
+    own version, not the pushed one)."""
+    try:
+        st = rollout.state(url, 10.0)
+    except Exception:  # noqa: BLE001 - unreachable: nothing more is known
+        return {"status": "unreachable"}
+    path, txn = st.get("drafter_path"), st.get("txn") or {}
+    was = st.get("weight_version")
+    version = was if was not in (None, "default") else (version_name(path) if path else None)
+    running = txn.get("state") not in (None, *rollout.DONE)
+    return {"version": version, "directory": path,
+            "status": "pending" if running else "behind"}
 
 
 def _judge(store: DraftStore, version: str, results: dict) -> None:

@@ -35,6 +35,29 @@ class SpecCounters:
                     vals + [0] * (pad - len(vals)))]
         return c
 
+    @classmethod
+    def from_request_metrics(cls, metrics: list) -> SpecCounters:
+        """The sum over requests of vLLM's per-request metrics (`RequestSpecDecodeMetrics`:
+        `histogram[j]` = verify steps that accepted j draft tokens), so that only these
+        requests count. A request without them (metrics off) raises ValueError: it cannot
+        be measured, and reading it as AL 1.0 would blame the draft."""
+        c = cls()
+        for m in metrics:
+            if m is None:
+                raise ValueError("a request came back without per-request spec-decode metrics "
+                                 "(start the engine with --per-request-spec-decode-metrics "
+                                 "summary)")
+            hist = list(m.histogram)  # e.g. [2, 1, 0, 3]: 6 steps, 1*1 + 3*3 = 10 accepted
+            c.drafts += sum(hist)
+            c.draft_tokens += int(m.num_draft_tokens)
+            c.accepted += sum(j * n for j, n in enumerate(hist))
+            pos = [sum(hist[i + 1:]) for i in range(len(hist) - 1)]  # accepted at position i
+            pad = max(len(pos), len(c.accepted_per_pos))
+            c.accepted_per_pos = [a + b for a, b in zip(  # noqa: B905 - padded equal
+                c.accepted_per_pos + [0] * (pad - len(c.accepted_per_pos)),
+                pos + [0] * (pad - len(pos)))]
+        return c
+
     def delta(self, before: SpecCounters) -> SpecCounters:
         pos = [a - (before.accepted_per_pos[i] if i < len(before.accepted_per_pos) else 0)
                for i, a in enumerate(self.accepted_per_pos)]

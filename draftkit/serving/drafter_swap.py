@@ -8,7 +8,7 @@ draft's version name (`v0007`). Otherwise a worker extension loads it. Reports s
 
 vLLM gets a worker extension (`worker_extension_cls`, methods called through
 `collective_rpc` by name: no pickled functions) whose methods run inside every worker:
-  draftkit_load_drafter(dir)   the fallback load: vLLM's in-place `reload_weights` on
+  draftkit_load_drafter(dir, secret)  the fallback load (refused without the secret): vLLM's in-place `reload_weights` on
                                `model_runner.drafter.model` from the dir's safetensors (a path
                                crosses the RPC; tensors would arrive as lists). vLLM-CPU repacks
                                linear weights, so a plain `load_weights` does not work there.
@@ -23,7 +23,9 @@ vLLM gets a worker extension (`worker_extension_cls`, methods called through
 The health check compares those hashes with the published tensors (`kind.engine_view`, cast
 to the worker's dtype) and runs probe prompts at T=0: the engine's own AL must exceed
 `min_al` (> 1.0). It cannot be skipped: no probes, or `min_al <= 1.0`, is refused before
-anything loads. Outputs stay correct either way (verification is lossless): only this check
+anything loads, and so is an engine whose acceptance the probe cannot read
+(`require_measurable`: `engine_kwargs()` turns on vLLM's per-request spec-decode metrics, which
+the probe reads for its own requests, and the engine's stat logging). Outputs stay correct either way (verification is lossless): only this check
 sees a draft that did not arrive (AL ~1).
 
 `swap_into` records what the engine holds before it loads: the workers' tensor hashes and
@@ -56,6 +58,7 @@ import torch
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.serving import vllm_engine
+from draftkit.serving.counters import SpecCounters
 
 EXTENSION = "draftkit.serving.drafter_swap.DrafterSwap"
 BACKEND = "draftkit"  # serving/weight_transfer.py's engine, registered by the vLLM plugin
@@ -75,13 +78,19 @@ class DraftSwapError(DraftkitError):
         self.previous, self.restored = previous, restored
 
 
+MEASURABLE = {"disable_log_stats": False,  # the LLM default is True: no get_metrics()
+              "per_request_spec_decode_metrics": "summary"}  # the probe's own acceptance
+
+
 def engine_kwargs() -> dict:
     """LLM(...) keywords that make an engine swappable: the worker extension (hashes, the
-    fallback load) and draftkit's weight-transfer engine (the native load). Sets a random
-    DRAFTKIT_SWAP_SECRET in this process's environment if none is set (the engine inherits it)."""
+    fallback load), draftkit's weight-transfer engine (the native load) and the metrics the
+    probe reads (`MEASURABLE`). Sets a random DRAFTKIT_SWAP_SECRET in this process's
+    environment if none is set (the engine inherits it)."""
     if not os.environ.get(SECRET_ENV):
         os.environ[SECRET_ENV] = secrets.token_hex(16)
-    return {"worker_extension_cls": EXTENSION, "weight_transfer_config": {"backend": BACKEND}}
+    return {"worker_extension_cls": EXTENSION, "weight_transfer_config": {"backend": BACKEND},
+            **MEASURABLE}
 
 
 def secret_matches(given: str | None, expected: str | None) -> bool:
@@ -140,9 +149,12 @@ class DrafterSwap:
         return (type(engine).__name__ == "DraftkitWeightTransferEngine"
                 and bool(self.supports_draft_weight_updates()))
 
-    def draftkit_load_drafter(self, directory: str) -> float:
+    def draftkit_load_drafter(self, directory: str, secret: str | None = None) -> float:
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
+        if not secret_matches(secret, os.environ.get(SECRET_ENV)):  # /collective_rpc in dev mode
+            raise DraftSwapError(f"draftkit_load_drafter refused {directory}: wrong or missing "
+                                 f"secret (the engine's {SECRET_ENV})", directory=directory)
         self.draftkit_drafter_path()  # remember the start path before the first swap
         t0 = time.perf_counter()
         tensors = read_draft(directory)
@@ -202,7 +214,8 @@ def load(llm, kind, directory: str | Path, version: str | None = None) -> float:
     if transfer_path(llm) == NATIVE:
         native_load(llm, directory, version)
     else:
-        llm.collective_rpc("draftkit_load_drafter", args=(str(directory),))
+        llm.collective_rpc("draftkit_load_drafter",
+                           args=(str(directory), os.environ.get(SECRET_ENV, "")))
     llm.collective_rpc("draftkit_after_load", args=(kind.name,))
     return time.perf_counter() - t0
 
@@ -277,10 +290,38 @@ def require_check(probes: list[list[int]] | None, min_al: float) -> None:
             "1.0). Use a threshold above 1.0, e.g. refresh.min_probe_al=1.2")
 
 
+def probe_source(llm) -> str | None:
+    """How the probe reads an in-process engine's acceptance: "request" (vLLM's per-request
+    spec-decode metrics: only the probe's requests count), "engine" (the engine's counters),
+    or None (neither: stat logging off, the LLM default)."""
+    engine = getattr(llm, "llm_engine", None)
+    cfg = getattr(getattr(engine, "vllm_config", None), "observability_config", None)
+    if getattr(cfg, "per_request_spec_decode_metrics", "none") != "none":
+        return "request"
+    return "engine" if getattr(engine, "log_stats", True) else None
+
+
+def require_measurable(llm) -> None:
+    """Refuse (verdict "refused", nothing loaded) an engine whose acceptance the probe cannot
+    read: such a check could only blame the draft for the engine's settings."""
+    if probe_source(llm) is None:
+        raise DraftSwapError(
+            "this engine cannot measure a probe: vLLM's stat logging is off (the LLM default) "
+            "and per-request spec-decode metrics are not on. Build it with "
+            "LLM(..., **drafter_swap.engine_kwargs()) (it sets disable_log_stats=False and "
+            "per_request_spec_decode_metrics='summary'); nothing was loaded")
+
+
 def probe_al(llm, probes: list[list[int]], max_tokens: int) -> dict | None:
-    run = vllm_engine.measure(llm, probes, vllm_engine.sampling(0.0, max_tokens),
-                              batch_size=len(probes))
-    return run["spec"]
+    """Spec-decode counters of greedy completions of `probes` (None: nothing drafted)."""
+    if probe_source(llm) != "request":
+        run = vllm_engine.measure(llm, probes, vllm_engine.sampling(0.0, max_tokens),
+                                  batch_size=len(probes))
+        return run["spec"]
+    outs = llm.generate([{"prompt_token_ids": p} for p in probes],
+                        vllm_engine.sampling(0.0, max_tokens), use_tqdm=False)
+    spec = SpecCounters.from_request_metrics([o.outputs[0].spec_decode_metrics for o in outs])
+    return spec.as_dict() if spec.drafts else None
 
 
 def health_check(llm, kind, directory: str | Path, probes: list[list[int]] | None,
@@ -366,6 +407,7 @@ def swap_into(llm, directory: str | Path, kind, probes: list[list[int]] | None, 
     tried when the worker's own path no longer holds its weights. `version`: the engine's
     weight version after the swap (default: the dir's version name)."""
     require_check(probes, min_al)
+    require_measurable(llm)
     report = load_checked(llm, kind, directory, candidates, version)
     held = report.pop("held")
     try:

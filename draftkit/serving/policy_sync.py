@@ -20,15 +20,16 @@ from pathlib import Path
 
 import torch
 
-from draftkit.serving.drafter_swap import DrafterSwap
+from draftkit.serving.drafter_swap import MEASURABLE, DrafterSwap
 
 EXTENSION = "draftkit.serving.policy_sync.RLWorker"
 FILE = "policy.safetensors"
 
 
 def engine_kwargs() -> dict:
-    """LLM(...) keywords for an RL rollout engine: policy sync plus drafter swap."""
-    return {"worker_extension_cls": EXTENSION}
+    """LLM(...) keywords for an RL rollout engine: policy sync plus drafter swap, and the
+    metrics the swap's probe reads (drafter_swap.MEASURABLE)."""
+    return {"worker_extension_cls": EXTENSION, **MEASURABLE}
 
 
 class PolicySync:

@@ -1,36 +1,40 @@
-"""Swap a draft into one running rollout server over HTTP, and prove it arrived.
+"""Swap a draft into one running rollout server over HTTP, and read the server's verdict.
 
     report = rollout.swap_engine("http://10.0.0.5:8000", "runs/rl/drafts/v0007", "eagle3",
                                  probes, min_al=1.2, max_tokens=64, timeout=60)
 
-For the engine, in order (rollout_routes.py serves the first three on the server):
-  1. pause with requests kept (no request is dropped; they wait),
-  2. vLLM's native draft update from the dir (draftkit's weight-transfer engine),
-  3. the workers' tensor hashes against the dir's published tensors: a difference rolls back
-     before the resume, so no request is served by a draft that did not arrive; then resume,
-  4. AL from the server's `/metrics` spec-decode counters over probe completions at T=0
-     (`/v1/completions` with token-id prompts): AL <= min_al swaps the previous draft back
-     (its own hash check included) and raises.
-The counters are the server's: requests other clients send during the probes count too (they
-run on the same new draft, so a draft that did not arrive reads AL ~1 either way).
+The swap is one transaction on the server (serving/swap_txn.py, behind rollout_routes.py's
+`POST /draftkit/swap`): pause with requests kept, load (vLLM's native draft update), the
+workers' tensor hashes against the dir's published files, resume, then probe completions at
+T=0 whose acceptance the server reads per request, and, on any failure, the previous draft
+back (hash-checked). It finishes whatever happens to this client. The client names the
+transaction (`txn`, a random id), sends it and waits for the verdict; a reply lost to a
+timeout or a cut connection is asked for again at `GET /draftkit/state?txn=ID` until the
+deadline. A transaction still running then is `transport` (nothing decided here: the server
+finishes it, and the next push, queued behind it, reads the outcome).
 
-Every failure raises `EngineError` naming the engine: `transport` (unreachable, timed out, an
-answer that is not draftkit's: what the engine serves is unknown, nothing was decided),
-`refused` (nothing loaded), `failed` (the check failed; `restored` says whether the previous
-draft is back) or `error` (the swap raised; the server rolled back). Nothing here touches a
-run's store: rl/rollout_servers.py decides what a failure means for it.
+Every failure raises `EngineError` naming the engine and its verdict: `transport` (unreachable,
+timed out, cut, redirected, an answer that is not draftkit's: nothing was decided), `refused`
+(nothing loaded: a wrong secret, a paused or asleep engine, an engine that cannot measure its
+probe), `failed` (measured: hashes differ or probe AL <= min_al, the previous draft restored
+or not, `restored`) or `error` (the swap or the probe raised, a probe that did not fit or did
+not finish: rolled back, nothing decided about the draft). Only `failed` may condemn a draft;
+rl/rollout_servers.py decides what a failure means for the store.
 
-The secret comes from DRAFTKIT_SWAP_SECRET (never a command-line flag); `/v1` calls carry
-`Authorization: Bearer $VLLM_API_KEY` when that is set (vLLM's `--api-key`).
+The secret comes from DRAFTKIT_SWAP_SECRET (never a command-line flag). Redirects are refused:
+urllib would copy the secret header to whatever host a 30x names. `/v1` calls (the measuring
+helpers below) carry `Authorization: Bearer $VLLM_API_KEY` when that is set (`--api-key`).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 from draftkit.core.errors import DraftkitError
@@ -41,6 +45,8 @@ from draftkit.serving.rollout_routes import HEADER, PREFIX
 COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts",
             "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
             "vllm:spec_decode_num_accepted_tokens_total": "accepted"}
+DONE = ("committed", "rolled_back", "refused", "error")
+PAUSE_WAIT_S = 30.0  # how long the server waits for a pause it did not take to end
 
 
 class EngineError(DraftkitError):
@@ -48,10 +54,11 @@ class EngineError(DraftkitError):
 
     def __init__(self, url: str, message: str, verdict: str = "transport",
                  restored: bool | None = None, previous: str | None = None,
-                 previous_version: str | None = None, status: int | None = None):
+                 previous_version: str | None = None, status: int | None = None,
+                 txn: str | None = None):
         super().__init__(f"engine {url}: {message}")
         self.url, self.verdict, self.restored, self.status = url, verdict, restored, status
-        self.previous, self.previous_version = previous, previous_version
+        self.previous, self.previous_version, self.txn = previous, previous_version, txn
 
 
 def secret() -> str:
@@ -62,32 +69,55 @@ def secret() -> str:
     return value
 
 
+class _Redirected(urllib.error.URLError):
+    def __init__(self, code: int, newurl: str):
+        super().__init__(f"redirected ({code}) to {newurl}: refused, the secret never leaves "
+                         "the engine it was sent to. Use the engine's own address")
+        self.code = code
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise _Redirected(code, newurl)
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def call(url: str, method: str, path: str, body: dict | None = None, timeout: float = 60.0,
          headers: dict | None = None) -> tuple[int, dict | str]:
-    """(status, JSON or text) of one HTTP call; a transport failure is EngineError(transport).
-    A 4xx/5xx comes back as its status and body (the caller words it)."""
+    """(status, JSON or text) of one HTTP call; any failure to get a whole answer (refused,
+    timed out, cut mid-body, redirected) is EngineError(transport). A 4xx/5xx comes back as
+    its status and body (the caller words it)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with _OPENER.open(req, timeout=timeout) as r:
             status, raw = r.status, r.read()
+    except _Redirected as e:
+        raise EngineError(url, f"{method} {path}: {e.reason}", status=e.code) from e
     except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read()
-    except TimeoutError as e:
-        raise EngineError(url, f"{method} {path} timed out after {timeout:g}s ({e}); nothing "
-                          "was decided: check the engine, then swap again") from e
-    except (urllib.error.URLError, ConnectionError, OSError) as e:
+        status, raw = e.code, _read(e)
+    except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", e)
-        if isinstance(reason, TimeoutError):
+        if isinstance(reason, TimeoutError) or isinstance(e, TimeoutError):
             raise EngineError(url, f"{method} {path} timed out after {timeout:g}s; nothing was "
-                              "decided: check the engine, then swap again") from e
-        raise EngineError(url, f"unreachable ({reason}); is the server up, and its host and "
-                          "port right?") from e
+                              "decided here: check the engine, then swap again") from e
+        what = f"{type(reason).__name__}: {reason}" if isinstance(reason, Exception) else reason
+        raise EngineError(url, f"{method} {path}: no whole answer ({what}); is the server "
+                          "up, and its host and port right?") from e
     try:
         return status, json.loads(raw)
     except ValueError:
         return status, raw.decode(errors="replace")
+
+
+def _read(e: urllib.error.HTTPError) -> bytes:
+    try:
+        return e.read()
+    except (OSError, http.client.HTTPException):
+        return b""
 
 
 def _api_headers() -> dict:
@@ -96,26 +126,96 @@ def _api_headers() -> dict:
 
 
 def _draftkit(url: str, method: str, route: str, body: dict | None, timeout: float) -> dict:
-    """A draftkit route; a non-JSON answer or 404 means the plugin is not loaded there."""
+    """A draftkit route's JSON (any status); a non-JSON answer or 404: the plugin is not
+    there (transport); 401/403: the secret (refused)."""
     status, out = call(url, method, PREFIX + route, body, timeout, {HEADER: secret()})
-    if status == 200 and isinstance(out, dict):
-        return out
     if status == 404 or not isinstance(out, dict):
         raise EngineError(url, f"{method} {PREFIX}{route} answered {status} {str(out)[:200]!r}: "
                           "draftkit's routes are not there. Start the server with "
                           "VLLM_PLUGINS=draftkit (docs/integration.md)", status=status)
-    verdict = out.get("verdict") or ("refused" if status in (400, 401, 403) else "error")
-    raise EngineError(url, f"{status}: {out.get('error', out)}", verdict, out.get("restored"),
-                      out.get("previous"), status=status)
+    if status in (401, 403):
+        raise EngineError(url, f"{status}: {out.get('error', out)}. Set {SECRET_ENV} to the "
+                          "value the server was started with", "refused", status=status)
+    if status >= 400 and "txn" not in out:  # 400: nothing started; 5xx: the route raised
+        verdict = out.get("verdict") or ("refused" if status < 500 else "error")
+        raise EngineError(url, f"{status}: {out.get('error', out)}", verdict,
+                          out.get("restored"), out.get("previous"), status=status)
+    return out
 
 
-def state(url: str, timeout: float = 30.0) -> dict:
-    """{"weight_version", "drafter_path", "transfer"} of the engine."""
-    return _draftkit(url, "GET", "/state", None, timeout)
+def state(url: str, timeout: float = 30.0, txn: str | None = None) -> dict:
+    """{"weight_version", "drafter_path", "transfer", "txn": the latest transaction's record}
+    of the engine; with `txn` (an id, or "last") only {"txn": that record}."""
+    return _draftkit(url, "GET", "/state" + (f"?txn={txn}" if txn else ""), None, timeout)
+
+
+def swap_engine(url: str, directory: str | Path, kind: str, probes: list[list[int]],
+                min_al: float, max_tokens: int, timeout: float, candidates=(),
+                version: str | None = None, reload_held: bool = True) -> dict:
+    """Start the swap transaction of `directory` on the engine at `url` and return its
+    report once committed, or raise EngineError with the server's verdict (module doc).
+    `reload_held=False`: an engine already holding these tensors is not reloaded (a check
+    after a sleep/wake reloads only a draft that was lost); it is probed all the same."""
+    require_check(probes, min_al)
+    directory = os.path.realpath(directory)
+    txn, pause_wait = uuid.uuid4().hex, min(PAUSE_WAIT_S, timeout)
+    body = {"directory": directory, "kind": kind, "version": version or version_name(directory),
+            "candidates": [os.path.realpath(c) for c in candidates], "reload_held": reload_held,
+            "probes": probes, "min_al": min_al, "max_tokens": max_tokens, "txn": txn,
+            "probe_timeout_s": timeout, "pause_wait_s": pause_wait, "wait_s": timeout}
+    deadline = time.monotonic() + 2 * timeout + pause_wait  # the server's longest transaction
+    try:
+        rec = _draftkit(url, "POST", "/swap", body, timeout + pause_wait + 10)
+    except EngineError as e:
+        if e.verdict != "transport" or e.status is not None:
+            raise
+        rec = {}  # the reply was lost: the transaction may be running; ask for it
+    if rec.get("state") not in DONE:
+        rec = _await(url, txn, deadline, timeout)
+    return _verdict(url, rec)
+
+
+def _await(url: str, txn: str, deadline: float, timeout: float) -> dict:
+    """The transaction's record once it is done, polling /draftkit/state?txn= until
+    `deadline`; EngineError(transport) if it is still running (or unknown) then."""
+    last: Exception | str = "no answer"
+    while True:
+        try:
+            rec = state(url, min(timeout, 30.0), txn).get("txn") or {}
+            if rec.get("state") in DONE:
+                return rec
+            last = f"state {rec.get('state') or 'unknown to the server'}"
+        except EngineError as e:
+            if e.verdict != "transport":
+                raise
+            last = e
+        if time.monotonic() >= deadline:
+            raise EngineError(url, f"swap transaction {txn} not finished by the deadline "
+                              f"({last}); the server finishes it (committed or rolled back) "
+                              "and the next push reads what it serves. Nothing was decided "
+                              "here", txn=txn)
+        time.sleep(0.5)
+
+
+def _verdict(url: str, rec: dict) -> dict:
+    """The committed transaction's report, or its EngineError."""
+    if rec.get("state") == "committed" and rec.get("verdict") == "passed":
+        return {**rec, "url": url}
+    if rec.get("state") not in DONE or rec.get("verdict") not in (
+            "failed", "error", "refused"):
+        raise EngineError(url, f"an answer that is not a swap transaction's: {str(rec)[:300]}. "
+                          "Is draftkit on the server the same version as here?")
+    return_ = rec.get("restored")
+    raise EngineError(url, rec.get("error") or rec["verdict"], rec["verdict"], return_,
+                      rec.get("previous"), rec.get("previous_version"), txn=rec.get("txn"))
+
+
+# ------------------------------------------------- measuring helpers (tests, benchmarks)
 
 
 def metrics(url: str, timeout: float = 30.0) -> SpecCounters:
-    """The server's cumulative spec-decode counters (Prometheus text at /metrics)."""
+    """The server's cumulative spec-decode counters (Prometheus text at /metrics); every
+    client's requests count (the swap's own probe reads per-request metrics instead)."""
     status, text = call(url, "GET", "/metrics", None, timeout)
     if status != 200 or not isinstance(text, str):
         raise EngineError(url, f"GET /metrics answered {status}: cannot read its AL")
@@ -130,12 +230,14 @@ def metrics(url: str, timeout: float = 30.0) -> SpecCounters:
 def served_model(url: str, timeout: float = 30.0) -> str:
     status, out = call(url, "GET", "/v1/models", None, timeout, _api_headers())
     if status != 200 or not isinstance(out, dict) or not out.get("data"):
-        raise EngineError(url, f"GET /v1/models answered {status} {str(out)[:200]!r}")
+        fix = " (set VLLM_API_KEY to the server's --api-key)" if status == 401 else ""
+        raise EngineError(url, f"GET /v1/models answered {status} {str(out)[:200]!r}{fix}")
     return out["data"][0]["id"]
 
 
 def probe_al(url: str, probes: list[list[int]], max_tokens: int, timeout: float) -> dict:
-    """AL over greedy completions of `probes` (token ids), from the /metrics counters."""
+    """AL over greedy completions of `probes` (token ids), from the /metrics counters (a
+    measurement on a quiet server: other clients' requests count too)."""
     body = {"model": served_model(url, timeout), "prompt": probes, "max_tokens": max_tokens,
             "temperature": 0.0}
     before = metrics(url, timeout)
@@ -146,43 +248,3 @@ def probe_al(url: str, probes: list[list[int]], max_tokens: int, timeout: float)
     spec = metrics(url, timeout).delta(before)
     return {"al": spec.acceptance_length if spec.drafts else 1.0, "drafts": spec.drafts,
             "accepted": spec.accepted}
-
-
-def swap_engine(url: str, directory: str | Path, kind: str, probes: list[list[int]],
-                min_al: float, max_tokens: int, timeout: float, candidates=(),
-                version: str | None = None, reload_held: bool = True) -> dict:
-    """Swap `directory` into the engine at `url` and check it (module doc); the report, or
-    EngineError. `reload_held=False`: an engine already holding these tensors is not reloaded
-    (a check after a sleep/wake reloads only a draft that was lost)."""
-    require_check(probes, min_al)
-    directory = os.path.realpath(directory)
-    version = version or version_name(directory)
-    body = {"directory": directory, "kind": kind, "version": version,
-            "candidates": [os.path.realpath(c) for c in candidates], "reload_held": reload_held}
-    report = _draftkit(url, "POST", "/swap", body, timeout)
-    t0 = time.perf_counter()
-    try:
-        probe = probe_al(url, probes, max_tokens, timeout)
-    except EngineError as e:  # the draft is in, unjudged: put the previous one back
-        raise _back(url, kind, report, f"the probe completions failed ({e})", timeout) from e
-    report.update({"al": probe["al"], "probe": probe, "probe_s": time.perf_counter() - t0,
-                   "min_al": min_al, "url": url})
-    if probe["al"] > min_al:
-        return report
-    raise _back(url, kind, report, f"probe AL {probe['al']:.3f} <= minimum {min_al} (the draft "
-                "is in but not accepted)", timeout)
-
-
-def _back(url: str, kind: str, report: dict, why: str, timeout: float) -> EngineError:
-    """Swap the engine's previous draft back (hash-checked on the server); the EngineError."""
-    previous, was = report["previous"], report.get("previous_version")
-    try:
-        _draftkit(url, "POST", "/swap", {"directory": previous, "kind": kind,
-                                         "version": was, "candidates": [report["directory"]]},
-                  timeout)
-        state_, restored = f"restored ({previous}, hash-checked)", True
-    except EngineError as e:
-        state_, restored = f"NOT restored ({e}): restart the engine", False
-    return EngineError(url, f"swap to {report['directory']} failed its check: {why}; the "
-                       f"previous draft is {state_}. Outputs were never wrong (verification is "
-                       "lossless), only slower", "failed", restored, previous, was)

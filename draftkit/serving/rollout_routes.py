@@ -14,28 +14,37 @@ authenticated even with `--api-key` (its middleware guards /v1, /v2, /inference,
 these routes need neither, and the weight-transfer engine refuses updates without the secret
 whichever route sent them.
 
-  GET  /draftkit/state   {"weight_version", "drafter_path", "transfer": "native"|"worker extension"}
+  GET  /draftkit/state   {"weight_version", "drafter_path", "transfer", "txn": the latest
+       transaction's record (state, verdict, al, error, ...)}; with ?txn=ID (or ?txn=last)
+       only {"txn": that record}, asking the engine nothing
   POST /draftkit/check   {"directory", "kind"} -> {"hash_problems", "weight_version"}
-  POST /draftkit/swap    {"directory", "kind", "candidates", "version", "reload_held"}
-       pause (mode keep: requests wait, none is dropped) -> load (vLLM's native draft update)
-       -> compare the workers' tensor hashes with the dir's published tensors -> on a
-       difference or an error, reload the previous draft and check it -> resume. 200: the
-       report (swap_s, pause_s, previous, ...); 409: check failed or swap refused; 500: the
-       swap raised. The probe AL check runs from the client (rollout.py), after the resume.
+  POST /draftkit/swap    {"directory", "kind", "candidates", "version", "reload_held", "probes",
+                          "min_al", "max_tokens", "probe_timeout_s", "pause_wait_s", "txn",
+                          "wait_s"}
+       one transaction on the server (swap_txn.py): wait out a pause draftkit did not take
+       (else refused) -> pause (mode keep: requests wait, none is dropped) -> load (vLLM's
+       native draft update) -> tensor hashes against the dir's published tensors -> resume
+       -> probe completions whose acceptance is read per request -> commit, or the previous
+       draft back (hash-checked). The handler waits up to `wait_s` for the verdict: 200
+       committed, 202 still running (ask /draftkit/state?txn=ID), 409 refused or failed, 500
+       error. A client that goes away, or a handler that is cancelled, leaves it running.
 
-One swap at a time per server (a lock); the engine resumes whatever happened. The drafter
-calls run in a thread on `drafter_swap`'s synchronous functions through `EngineAdapter`.
+One transaction at a time per server (an asyncio lock and a file lock shared by the API
+processes of one port); the load, the hash check and the rollback run in a thread on
+`drafter_swap`'s synchronous functions through `EngineAdapter`, and the engine is resumed only
+after that thread has ended.
 """
 
 import asyncio
 import logging
 import os
-import time
+import re
 from pathlib import Path
 
 from draftkit.core.config import DEFAULT_KIND
 from draftkit.drafts import kind as kinds
 from draftkit.serving import drafter_swap as ds
+from draftkit.serving import swap_txn
 from draftkit.serving.drafter_swap import SECRET_ENV, DraftSwapError, secret_matches
 
 log = logging.getLogger("draftkit.serving.rollout_routes")
@@ -94,7 +103,7 @@ class DraftkitEndpoints:
     required_tasks = ("generate",)
 
     def __init__(self):
-        self.lock = asyncio.Lock()
+        self.txns = swap_txn.Transactions()
 
     def attach_router(self, app) -> None:
         from fastapi import APIRouter, Request
@@ -107,7 +116,8 @@ class DraftkitEndpoints:
             if denied:
                 return JSONResponse({"ok": False, "error": denied[1]}, status_code=denied[0])
             try:
-                body = await request.json() if request.method == "POST" else {}
+                body = await request.json() if request.method == "POST" else \
+                    dict(request.query_params)
             except ValueError:
                 return JSONResponse({"ok": False, "error": "body is not JSON"}, status_code=400)
             adapter = EngineAdapter(request.app.state.engine_client, asyncio.get_running_loop())
@@ -129,6 +139,9 @@ class DraftkitEndpoints:
         app.include_router(router)
 
     async def init_state(self, engine_client, state, args) -> None:
+        port = getattr(args, "port", None)
+        if port is not None and not self.txns.tasks:  # API processes of one server share it
+            self.txns = swap_txn.Transactions(str(port))
         if not os.environ.get(SECRET_ENV):
             log.warning("draftkit: %s is not set: the /draftkit routes refuse every request",
                         SECRET_ENV)
@@ -136,11 +149,16 @@ class DraftkitEndpoints:
     # ------------------------------------------------------------------------- handlers
 
     async def _state(self, adapter: EngineAdapter, body: dict) -> tuple[int, dict]:
+        if body.get("txn"):  # a transaction's outcome ("last": the latest): no engine call
+            return 200, {"ok": True, "txn": self.txns.get(None if body["txn"] == "last"
+                                                          else body["txn"])}
+
         def work():
             return {"ok": True, "weight_version": ds.weight_version(adapter),
                     "drafter_path": ds.drafter_path(adapter),
                     "transfer": ds.transfer_path(adapter)}
-        return await _in_thread(work)
+        status, out = await _in_thread(work)
+        return status, {**out, "txn": self.txns.get()}
 
     async def _check(self, adapter: EngineAdapter, body: dict) -> tuple[int, dict]:
         args = _swap_args(body)
@@ -155,25 +173,24 @@ class DraftkitEndpoints:
         return await _in_thread(work)
 
     async def _swap(self, adapter: EngineAdapter, body: dict) -> tuple[int, dict]:
-        args = _swap_args(body)
+        """Start (or find, by `txn`) the swap transaction and wait up to `wait_s` for it; a
+        cancelled handler leaves it running (asyncio.wait never cancels what it waits for)."""
+        args = _swap_args(body, probe=True)
         if isinstance(args, str):
-            return 400, {"ok": False, "error": args}
-        async with self.lock:
-            t0, paused_at = time.perf_counter(), time.time()
-            await adapter.engine.pause_generation(mode="keep", clear_cache=False)
-            try:
-                status, report = await _in_thread(lambda: ds.load_checked(
-                    adapter, args["kind"], args["directory"], args["candidates"],
-                    args["version"], args["reload_held"]))
-            finally:
-                await adapter.engine.resume_generation()
-            report.update(pause_s=time.perf_counter() - t0, paused_at=paused_at)
-        report.pop("held", None)
-        return status, report
+            return 400, {"ok": False, "error": args, "verdict": "refused"}
+        rec, task = self.txns.start(adapter, args)
+        if task is not None:
+            await asyncio.wait({task}, timeout=args["wait_s"])
+        rec = self.txns.get(rec["txn"]) or rec
+        status = {"committed": 200, "refused": 409, "error": 500}.get(rec["state"], 202)
+        if rec["state"] == "rolled_back":
+            status = 409 if rec.get("verdict") == "failed" else 500
+        return status, {"ok": rec["state"] == "committed", **rec}
 
 
-def _swap_args(body: dict) -> dict | str:
-    """Validated arguments of /check and /swap, or what is wrong with them."""
+def _swap_args(body: dict, probe: bool = False) -> dict | str:
+    """Validated arguments of /check and /swap (`probe`: with the probe's), or what is wrong
+    with them."""
     directory = body.get("directory")
     if not isinstance(directory, str) or not Path(directory, "config.json").is_file():
         return (f"directory={directory!r} is not a draft dir this server can read (no "
@@ -183,8 +200,28 @@ def _swap_args(body: dict) -> dict | str:
     except Exception as e:  # noqa: BLE001 - an unknown kind name
         return f"kind: {e}"
     candidates = [c for c in body.get("candidates") or [] if isinstance(c, str)]
-    return {"directory": directory, "kind": kind, "candidates": candidates,
+    args = {"directory": directory, "kind": kind, "candidates": candidates,
             "version": body.get("version"), "reload_held": bool(body.get("reload_held", True))}
+    return _probe_args(body, args) if probe else args
+
+
+def _probe_args(body: dict, args: dict) -> dict | str:
+    """The probe's arguments: token-id prompts and a threshold the check can fail."""
+    probes = body.get("probes")
+    if not isinstance(probes, list) or not all(
+            isinstance(p, list) and all(isinstance(t, int) for t in p) for p in probes):
+        return "probes must be a list of token-id lists (the swap's check needs them)"
+    try:
+        ds.require_check(probes, float(body.get("min_al", 0)))
+        nums = {k: float(body.get(k, d)) for k, d in (
+            ("max_tokens", 64), ("probe_timeout_s", 60), ("pause_wait_s", 30), ("wait_s", 60))}
+    except (DraftSwapError, TypeError, ValueError) as e:
+        return str(e)
+    txn = body.get("txn")
+    if txn is not None and not (isinstance(txn, str) and re.fullmatch(r"[\w-]{1,64}", txn)):
+        return "txn must be 1-64 letters, digits, _ or -"
+    return {**args, **nums, "max_tokens": int(nums["max_tokens"]), "probes": probes,
+            "min_al": float(body["min_al"]), "txn": txn}
 
 
 async def _in_thread(work) -> tuple[int, dict]:

