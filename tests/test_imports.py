@@ -28,7 +28,8 @@ DEBT_FILES = {"drafts/dflash/export.py"}
 CYCLE_DEBTS = {frozenset({"drafts", "prepare", "serving"})}
 # Deferred internal imports: the share today, to be brought under 10% (issue #41); it may
 # only fall.
-DEFERRED_CEILING = 0.25
+DEFERRED_CEILING = 0.17
+SILENT_CEILING = 72  # deferred imports with no comment giving the reason: to reach 0
 
 
 def imports(path: Path) -> list[tuple[str, ast.stmt, bool]]:
@@ -131,5 +132,10 @@ def test_few_imports_are_deferred_and_each_says_why():
     assert len(silent) <= SILENT_CEILING, silent
 
 
-# deferred imports without a comment giving the reason: to reach 0 (it may only fall)
-SILENT_CEILING = 200
+
+def test_what_drafts_name_of_serving_as_text_is_serving_s():
+    """drafts/ never imports serving/: the export README names the swap extension as text."""
+    from draftkit.drafts.eagle3.export import SWAP_EXTENSION
+    from draftkit.serving.drafter_swap import EXTENSION
+
+    assert SWAP_EXTENSION == EXTENSION
