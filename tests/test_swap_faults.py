@@ -241,3 +241,48 @@ def test_the_push_lock_is_a_file_lock_that_waits(run):
     with store.push_lock(timeout=10), pytest.raises(DraftkitError, match="another push"):
         with DraftStore(run).push_lock(timeout=0.2):
             pass
+
+
+# ------------------------------------------- a gap of issue 44: the watch's --al-drop trigger
+
+
+def test_watch_al_drop_refreshes_only_when_the_estimated_al_falls_far_enough(
+        tmp_path, tiny_target, fake_refresh, monkeypatch):
+    """`watch --al-drop 0.15` with no interval: a checkpoint whose rollouts the current draft
+    scores at AL 1.9 (published at 2.0) is skipped, one at 1.6 (< 0.85 x 2.0) refreshes."""
+    import shutil
+
+    from draftkit.core import artifacts
+    from draftkit.rl import drift
+    from draftkit.rl.watch import Watcher
+
+    run = make_rl_run(tmp_path / "runs", tiny_target)
+    store = DraftStore(run)
+    export = artifacts.RunPaths(run).export
+    store.publish("v0001", lambda tmp, final: [shutil.copy(f, tmp / f.name)
+                                               for f in export.iterdir() if f.is_file()],
+                  {"parent": None, "rollouts": [], "decided_on": "T=0",
+                   "al_after": {"T=0": {"al": 2.0}}})
+    store.set_current("v0001")
+    scored, al_now = [], {}
+
+    def estimate(kind, model, policy_model, rows, k, temperatures, *a, **kw):
+        scored.append(len(rows))
+        return {drift.label(t): {"al": al_now["al"]} for t in temperatures}
+
+    monkeypatch.setattr(drift, "estimate", estimate)
+    ckpts, rolls = tmp_path / "ckpts", tmp_path / "rollouts"
+    w = Watcher(run, ckpts, rolls, ["tracking.backend=none", "refresh.rollout_settle_s=0"],
+                every=0, al_drop=0.15)
+    row = json.dumps({"prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6]}) + "\n"
+    for step, al in ((1, 1.9), (2, 1.6)):
+        al_now["al"] = al
+        save_policy(tiny_target, ckpts / f"step_{step}")
+        rolls.mkdir(exist_ok=True)
+        (rolls / f"s{step}.jsonl").write_text(row)
+        w.tick()
+    events = [e["event"] for e in _log(store)]
+    assert scored == [1, 2] and fake_refresh == [["s1.jsonl", "s2.jsonl"]]
+    assert events.count("drift") == 2 and "skipped" in events and "refresh_started" in events
+    started = next(e for e in _log(store) if e["event"] == "refresh_started")
+    assert started["reason"].startswith("AL drop: 1.600 < (1 - 0.15) * 2.000")
