@@ -23,6 +23,7 @@ import argparse
 import gc
 import os
 import re
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -164,9 +165,7 @@ class Peak:
             return torch.cuda.max_memory_allocated() / 2**30
         try:
             kb = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1])
-        except (OSError, TypeError):
-            import resource
-
+        except (OSError, TypeError):  # no /proc: the kernel's peak RSS (kB on Linux)
             kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return kb / 2**20
 

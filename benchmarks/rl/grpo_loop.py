@@ -31,9 +31,11 @@ from pathlib import Path
 
 import torch
 import yaml
+from matplotlib.ticker import MaxNLocator
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from benchmarks import report
 from benchmarks.rl import grpo, reward
 from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.core.config import TrackingConfig
@@ -206,8 +208,8 @@ def maybe_refresh(refresher, llm, model, tok, rows: list[dict], step: int,
              "refresh_s": time.perf_counter() - t0, "gain": lin.get("gain")}
     if res["status"] == "published":
         try:
-            report = refresher.swap_into(llm)
-            event.update({"swap_s": report["swap_s"], "probe_al": report["al"]})
+            swapped = refresher.swap_into(llm)
+            event.update({"swap_s": swapped["swap_s"], "probe_al": swapped["al"]})
         except DraftSwapError as e:  # rolled back: rollouts go on with the previous draft
             event.update({"status": "swap_failed", "error": str(e)[:300]})
     model.train(False)
@@ -278,12 +280,7 @@ def plot(logs: dict[str, str | Path], out: str | Path) -> Path:
     """Rollout AL and mean reward against RL step, one line per labelled log (e.g. "refresh",
     "no refresh"); a published refresh is a dotted line at the step whose rollouts it trained
     on (the next step's rollouts use it)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
+    plt = report.pyplot()
     fig, (ax_al, ax_r) = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, path in logs.items():
         recs = read_log(path)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from benchmarks import report
 from benchmarks.rl.grpo_loop import prompt_ids
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.errors import DraftkitError
@@ -174,9 +175,9 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
         t0 = time.perf_counter()
         # the check asks only "did it arrive": AL > 1 on prompts of the rollouts it learned
         probes = DraftRefresher(Path(cfg.work_dir) / "refresh-run").probes()
-        report = drafter_swap.swap_into(llm, refreshed["dir"], kinds.get("eagle3"),
-                                        probes, min_al=1.001, max_tokens=32)
-        swap = {"load_s": report["swap_s"], "with_check_s": time.perf_counter() - t0,
+        swapped = drafter_swap.swap_into(llm, refreshed["dir"], kinds.get("eagle3"),
+                                         probes, min_al=1.001, max_tokens=32)
+        swap = {"load_s": swapped["swap_s"], "with_check_s": time.perf_counter() - t0,
                 "restart": False}
         rows["refreshed"] = measure(llm, prompts, cfg)
     if cfg.scratch_run:
@@ -262,11 +263,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = report.pyplot()
     temps = list(next(iter(result["rows"].values())))
     names = [n for n, row in result["rows"].items() if "unavailable" not in row]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
