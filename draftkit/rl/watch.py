@@ -32,11 +32,14 @@ talks to it only through files, and refreshes the draft when it pays.
   Events go to `drafts/watch-log.jsonl` and to wandb (offline without a key).
 - Engines (`--engines URL,URL`: running `vllm serve` rollout servers, DRAFTKIT_SWAP_SECRET in
   the environment): at the start and after every tick, each engine that does not serve the
-  current draft gets it (rl/rollout_servers.py: pause with requests kept, native update, hash
-  check, resume, probe AL; a failed check puts that engine's previous draft back), and
-  `drafts/engines.json` records what each serves. An engine that refused a version is not
-  asked again until a newer one is published; an unreachable one is retried at every tick.
-  Failures are events (`engines_swap_failed`, naming each engine), never the end of the watch.
+  current draft gets it (rl/rollout_servers.py: one transaction on the server, which finishes
+  whatever happens to the watch: pause with requests kept, native update, hash check, resume,
+  probe AL; a failed check puts that engine's previous draft back), and `drafts/engines.json`
+  records what each serves. An engine whose check refused a version is not asked again until
+  a newer one is published; one that is unreachable, `behind` (a swap that decided nothing)
+  or `pending` is retried at every tick. Failures, and any exception of the push, are events
+  (`engines_swap_failed`, naming each engine), never the end of the watch; so is any exception
+  reading one rollout file (the file is set aside).
 """
 
 from __future__ import annotations
