@@ -83,6 +83,25 @@ def test_engine_generates_what_the_updated_policy_generates(smollm2_target, tmp_
         _update(policy, tok, prompts)
         report = policy_sync.sync_policy(llm, policy, tmp_path / "sync")
         after = vllm_engine.generate(llm, prompts, greedy).token_ids
+        engine_lp = _engine_logprobs(llm, prompts)
     print(f"policy sync: write {report['write_s']:.2f} s, load {report['load_s']:.2f} s")
     assert after != before
     assert after == _greedy_hf(policy, prompts)
+    # the tied lm_head too: its CPU GEMM is rebuilt from the new embedding (refresh_tied_head)
+    for p, (ids, lps) in zip(prompts, engine_lp, strict=True):
+        with torch.no_grad():
+            logits = policy(torch.tensor([p + ids])).logits[0, len(p) - 1:-1]
+        hf = torch.log_softmax(logits, -1)[torch.arange(len(ids)), torch.tensor(ids)]
+        assert (torch.tensor(lps) - hf).abs().max() < 1e-3
+
+
+def _engine_logprobs(llm, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    """(greedy ids, the engine's logprob of each) per prompt."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=0)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                        use_tqdm=False)
+    return [(list(o.outputs[0].token_ids),
+             [next(iter(lp.values())).logprob for lp in o.outputs[0].logprobs]) for o in outs]

@@ -43,7 +43,23 @@ class PolicySync:
         tensors = load_file(path)
         reload_weights(self.vllm_config, self.model_runner.model, iter(tensors.items()), None,
                        True)
+        refresh_tied_head(self.model_runner.model)
         return time.perf_counter() - t0
+
+
+def refresh_tied_head(model) -> bool:
+    """A tied lm_head (tie_word_embeddings) shares the embedding's weight but gets no weights of
+    its own in a reload, so vLLM does not process it again: on the CPU its GEMM (a oneDNN or
+    packed copy built from the embedding at load, `cpu_linear`) kept computing logits with the
+    old embedding (SmolLM2: logprobs off by up to 0.16 after a sync, 1e-5 with this). Rebuild
+    it from the reloaded weight; False where the head is not tied."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or head is embed or not hasattr(head, "quant_method") \
+            or head.weight.data_ptr() != embed.weight.data_ptr():
+        return False
+    head.quant_method.process_weights_after_loading(head)
+    return True
 
 
 class RLWorker(DrafterSwap, PolicySync):
