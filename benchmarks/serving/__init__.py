@@ -7,4 +7,6 @@
     draft_sampling  greedy vs probabilistic drafting at T > 0 (scripts/bench_draft_sampling.py)
     swap_server     draft swaps into a running `vllm serve` under client load
                     (scripts/bench_swap_server.py)
+    cpu_bind        vLLM's CPU thread binding and compile setting for draftkit's engines
+                    (scripts/bench_cpu_bind.py)
 """
