@@ -305,3 +305,31 @@ def test_engine_kwargs_give_an_engine_the_probe_can_measure():
     with pytest.raises(ds.DraftSwapError, match="engine_kwargs") as e:
         ds.require_measurable(blind)
     assert e.value.verdict == "refused"
+
+
+def test_two_api_processes_of_one_server_swap_one_at_a_time(fakes):
+    """Finding 5: `--api-server-count 2` gives each API process its own plugin and asyncio
+    lock; the file lock keyed by the port still lets one transaction run at a time, and the
+    state file lets either process answer for the other's transaction."""
+    from draftkit.serving import swap_txn
+
+    engine = Engine()
+    fakes.gate.clear()
+
+    async def scenario():
+        a, b = swap_txn.Transactions("8000"), swap_txn.Transactions("8000")
+        adapter = rollout_routes.EngineAdapter(engine, asyncio.get_running_loop())
+        args = rollout_routes._swap_args(_body(fakes.draft), probe=True)
+        _, first = a.start(adapter, {**args, "txn": "t-a"})
+        while fakes.log != ["load"]:
+            await asyncio.sleep(0.01)
+        _, second = b.start(adapter, {**args, "txn": "t-b"})
+        await asyncio.sleep(0.3)
+        waiting = (list(fakes.log), b.get("t-b")["state"], b.get("t-a")["state"])
+        fakes.gate.set()
+        await asyncio.gather(first, second)
+        return waiting, a.get("t-b")["state"]
+
+    waiting, seen_by_a = asyncio.run(scenario())
+    assert waiting == (["load"], "queued", "loading")  # b waits; b sees a's transaction
+    assert fakes.log == ["load", "loaded", "load", "loaded"] and seen_by_a == "committed"
