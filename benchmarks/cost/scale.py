@@ -147,6 +147,7 @@ def data_stats(run: Path) -> dict:
 class Peak:
     """Peak memory of one phase in GiB: CUDA max_memory_allocated, or this process's peak RSS
     (VmHWM, reset through /proc/self/clear_refs where Linux allows it; else the process's)."""
+
     def __init__(self, device):
         self.cuda = device.type == "cuda"
 

@@ -35,6 +35,7 @@ STYLES = tuple(zip(METHODS, ("s--", "o-", "^-"), strict=True))  # plot: method, 
 
 def make_run(src: Path, run: Path, layers: int, overrides: list[str]):
     """The draft-lm run: the source's config (data, harvest, aux ids) with a truncated LM."""
+
     def draft_lm(cfg) -> None:
         cfg.draft.kind = "draft-lm"
         cfg.draft.init, cfg.draft.model, cfg.draft.num_layers = "", "", layers

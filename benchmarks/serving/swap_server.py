@@ -60,6 +60,7 @@ def bench_run(src: Path, root: Path) -> Path:
 
 class Streams:
     """`n` clients streaming greedy completions in a loop; every chunk's time is kept."""
+
     def __init__(self, url, model, prompts, n, max_tokens):
         self.url, self.model, self.prompts, self.max_tokens = url, model, prompts, max_tokens
         self.stop, self.requests, self.failures = threading.Event(), [], []
