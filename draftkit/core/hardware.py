@@ -221,3 +221,13 @@ def compute_dtypes(cfg, hw: Hardware | None = None) -> dict[str, str]:
         "data.regen_dtype": resolve(cfg.data.regen_dtype, None, hw, "data.regen_dtype"),
         "eval.dtype": resolve(cfg.eval.dtype, None, hw, "eval.dtype"),
     }
+
+
+def autocast_dtype(device_type: str) -> torch.dtype:
+    """The dtype autocast computes in on this device type; float32 when it is off, or when the
+    device type has no autocast at all."""
+    try:
+        on = torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # "unknown device type for autocast"
+        return torch.float32
+    return torch.get_autocast_dtype(device_type) if on else torch.float32

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from draftkit.core.errors import DraftkitError
+from draftkit.core.hardware import autocast_dtype
+from draftkit.drafts.acceptance import shift
 from draftkit.drafts.draft_lm import losses
 
 
@@ -64,13 +66,13 @@ class DraftLM(nn.Module):
         """Distillation loss over a right-padded batch (see the module docstring)."""
         ids, valid = batch["input_ids"], batch["attention_mask"].bool()  # [B, T]
         learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
-        need = valid & _next(learn)  # [B, T] positions p whose x_{p+1} is learned
+        need = valid & shift(learn, 1)  # [B, T] positions p whose x_{p+1} is learned
         hidden = self.lm.get_decoder()(input_ids=ids, attention_mask=batch["attention_mask"],
                                        use_cache=False).last_hidden_state  # [B, T, Hd] normed
-        dtype = _autocast_dtype(hidden.device.type)  # the lm_head matmuls follow train.dtype
+        dtype = autocast_dtype(hidden.device.type)  # the lm_head matmuls follow train.dtype
         head = self.lm.get_output_embeddings().weight  # [V, Hd] (tied: the embedding)
         loss_sum, kl_sum, ce_sum, hits = losses.LinearDistill.apply(
-            hidden[need], head, batch["last"][need], _next(ids)[need],  # [N, Hd], [N, H], [N]
+            hidden[need], head, batch["last"][need], shift(ids, 1)[need],  # [N, Hd], [N, H], [N]
             self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.chunk, dtype)
         correct = torch.zeros_like(need)  # [B, T]
         correct[need] = hits
@@ -85,18 +87,3 @@ class DraftLM(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         self.lm.save_pretrained(directory, safe_serialization=True)
         return directory
-
-
-def _autocast_dtype(device_type: str) -> torch.dtype:
-    """The dtype autocast computes in on this device type; float32 when it is off, or when the
-    device type has no autocast at all."""
-    try:
-        on = torch.is_autocast_enabled(device_type)
-    except RuntimeError:  # "unknown device type for autocast"
-        return torch.float32
-    return torch.get_autocast_dtype(device_type) if on else torch.float32
-
-
-def _next(x: torch.Tensor) -> torch.Tensor:
-    """x[:, p] <- x[:, p+1], zero/False at the end: [B, T] -> [B, T]."""
-    return torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], dim=1)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import torch
 
 from draftkit.core.errors import DraftkitError
+from draftkit.core.hardware import autocast_dtype
 from draftkit.drafts.acceptance import metrics_from_counts, shift
 from draftkit.drafts.draft_lm import losses
-from draftkit.drafts.draft_lm.model import DraftLM, _autocast_dtype, _next
+from draftkit.drafts.draft_lm.model import DraftLM
 from draftkit.drafts.pard import layout
 
 
@@ -65,8 +66,8 @@ class PardLM(DraftLM):
         """Distillation loss of all k parallel drafts over a right-padded batch."""
         ids, valid = batch["input_ids"], batch["attention_mask"].bool()  # [B, T]
         learn = valid & batch["loss_mask"].bool()  # [B, T]
-        hidden, p = self.packed_hidden(ids, valid, valid & _next(learn))
-        dtype = _autocast_dtype(hidden.device.type)
+        hidden, p = self.packed_hidden(ids, valid, valid & shift(learn, 1))
+        dtype = autocast_dtype(hidden.device.type)
         head = self.lm.get_output_embeddings().weight  # [V, Hd]
         rows = torch.arange(ids.shape[0], device=ids.device)[:, None]  # [B, 1]
         loss = hidden.new_zeros((), dtype=torch.float32)

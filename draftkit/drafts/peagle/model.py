@@ -34,12 +34,13 @@ import torch
 from torch import nn
 
 from draftkit.core import artifacts
+from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import acceptance
 from draftkit.drafts.eagle3 import format as eagle3_fmt
 from draftkit.drafts.eagle3.format import DraftSpec
 from draftkit.drafts.eagle3.layer import ttt_mask
-from draftkit.drafts.eagle3.model import _TRAIN_DEFAULTS, CONFIG_FILE, WEIGHTS_FILE, Eagle3Draft
+from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE, Eagle3Draft
 from draftkit.drafts.eagle3.vocab import DraftVocab
 from draftkit.drafts.peagle import format as fmt
 
@@ -54,6 +55,9 @@ def mask_token_for(tokenizer) -> int:
         if tid is not None:
             return int(tid)
     return 0
+
+
+_TRAIN_DEFAULTS = TrainConfig()  # the head's defaults when built outside a run config
 
 
 class PEagleDraft(Eagle3Draft):
