@@ -310,3 +310,6 @@ def test_one_refresh_publishes_a_dflash_version(trained_run, tiny_target, tmp_pa
              **kind.features(model, tiny_target.model, ids, torch.ones_like(ids))}
     steps, vocab_ids = kind.step_logits(model, batch)
     assert len(steps) == K and steps[0].shape == (2, 10, 256) and vocab_ids.shape == (256,)
+    before = kind.load(trained_run["export"], tiny_target.model, K)
+    assert not torch.equal(model.fc.weight, before.fc.weight)  # refreshed ...
+    assert torch.equal(model.mask_embedding, before.mask_embedding)  # ... but what vLLM re-reads

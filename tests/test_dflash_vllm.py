@@ -36,7 +36,7 @@ from draftkit.drafts import kind as kinds
 from draftkit.drafts.dflash import vllm_patch
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
 from draftkit.export import stage as export
-from draftkit.serving import vllm_engine
+from draftkit.serving import drafter_swap, vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -123,6 +123,7 @@ def llm(trained):
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # worker_drafter
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with a function
+        spec.extra = {**spec.extra, **drafter_swap.engine_kwargs()}  # swappable (last test)
         with vllm_engine.engine(spec) as engine:
             yield engine
 
@@ -175,3 +176,41 @@ def test_exports_parity_check_on_the_running_engine(llm, greedy, trained):
     assert check["vllm_al"] == result["vllm_al"] and check["prompts"] == PROMPTS
     print(f"parity: vLLM {check['vllm_al']:.3f} vs simulated {check['sim_al']:.3f}")
     assert check["vllm_al"] > 1.5 and check["sim_al"] > 1.5
+
+
+@torch.no_grad()
+def test_an_in_place_swap_serves_the_new_draft(llm, greedy, trained, tiny_target, tmp_path):
+    """Refresh's way into a live engine (serving/drafter_swap.py, the kind's export, engine_view
+    and after_load): another draft (fc and the layers' k_proj/k_norm moved; the mask embedding
+    kept, as refresh keeps it) swapped in place; the engine holds its tensors (hash check),
+    still outputs the target's greedy tokens, and its counters are the NEW draft's reference
+    counters: vLLM's stacked context-KV buffers were rebuilt."""
+    import copy
+
+    kind, n = kinds.get("dflash"), 4
+    model = copy.deepcopy(trained["model"])
+    g = torch.Generator().manual_seed(3)
+    model.fc.weight.add_(torch.randn(model.fc.weight.shape, generator=g) * model.fc.weight.std())
+    for layer in model.layers:
+        a = layer.self_attn
+        a.k_proj.weight.add_(torch.randn(a.k_proj.weight.shape, generator=g) * 0.5 *
+                             a.k_proj.weight.std())
+        a.k_norm.weight.mul_(1 + 0.5 * torch.rand(a.k_norm.weight.shape, generator=g))
+    out = tmp_path / "v2"
+    out.mkdir()
+    kind.export(model, out, out, trained["cfg"])
+    prompts = trained["prompts"][:n]
+    with one_thread():
+        ref = _references(model, prompts, tiny_target)["decoded"]
+    drafter_swap.load(llm, kind, out)
+    assert drafter_swap.hash_problems(llm, kind, out) == []
+    m = vllm_engine.measure(llm, prompts, vllm_engine.sampling(0.0, GEN), batch_size=n)
+    assert m["outputs"] == trained["plain"][:n] == [r.tokens for r in ref]
+    want = [sum(col) for col in zip(*(r.counters.accepted_per_pos for r in ref), strict=True)]
+    old = [sum(col) for col in zip(*(r.counters.accepted_per_pos for r in trained["decoded"][:n]),
+                                   strict=True)]
+    print(f"after the swap: vLLM {m['spec']['accepted_per_pos']} in {m['spec']['drafts']} "
+          f"drafts; new draft's reference {want}, old draft's {old}")
+    assert want != old  # the swap changed what is drafted
+    assert m["spec"]["accepted_per_pos"] == want
+    assert m["spec"]["drafts"] == sum(r.counters.drafts for r in ref)

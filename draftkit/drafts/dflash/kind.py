@@ -91,6 +91,10 @@ class DFlashKind(KindDefaults):
     # ----------------------------------------------------------------- refresh
 
     def load(self, directory: Path, policy_model, k: int):
+        """The published draft for a refresh, its mask embedding frozen: vLLM reads
+        mask_embedding.pt only when it loads a draft, from the engine's first draft dir (an
+        in-place reload re-reads that file), so a refreshed version keeps the embedding the
+        running engine holds and a swap serves it whole."""
         from draftkit.drafts.dflash.model import DFlashDraft
 
         model = DFlashDraft.from_pretrained(directory, policy_model)
@@ -98,6 +102,7 @@ class DFlashKind(KindDefaults):
             raise DraftkitError(f"{directory} drafts blocks of {model.num_slots} tokens, the "
                                 f"refresh asks for k={k}: a DFlash draft serves the k it was "
                                 "trained with")
+        model.mask_embedding.requires_grad_(False)
         return model.float().to(device_of(policy_model))
 
     def features(self, model, policy_model, input_ids, attention_mask):
@@ -153,14 +158,31 @@ class DFlashKind(KindDefaults):
     def vllm_patches(self) -> list:
         return [vllm_patch.install]  # the CPU context k_norm (vllm_patch.py)
 
+    @torch.no_grad()
     def after_load(self, drafter) -> bool:
-        """vLLM stacks the layers' KV weights and k_norm rows once, at load
-        (`_build_fused_kv_buffers`): rebuild them after an in-place reload."""
+        """vLLM stacks the layers' context-KV weights, k_norm rows and RoPE cache once, at load
+        (`_build_fused_kv_buffers`, also run inside the reload's load_weights while vLLM's
+        layerwise reload holds the tensors on the meta device). Rebuild them from the reloaded
+        modules; where vLLM-CPU repacked the linear weights and emptied `weight`, the fused KV
+        weight comes from the layers applied to the identity. False where the drafter is no
+        DFlash model."""
         inner = getattr(getattr(drafter, "model", None), "model", None)
         if inner is None or not hasattr(inner, "_build_fused_kv_buffers"):
             return False
         inner._build_fused_kv_buffers()
+        if getattr(inner, "_fused_kv_weight", None) is not None:  # else vLLM runs the modules
+            attns = [layer.self_attn for layer in inner.layers]
+            inner._fused_kv_weight = torch.cat([_weight(a.qkv_proj)[a.q_size:] for a in attns])
         return True
+
+
+def _weight(linear) -> torch.Tensor:
+    """A vLLM linear's [out, in] weight; vLLM-CPU empties `weight` when it repacks it, then
+    it is the layer applied to the identity (as serving/drafter_swap.py's hashes read it)."""
+    if linear.weight.numel():
+        return linear.weight.data
+    eye = torch.eye(linear.input_size, dtype=linear.weight.dtype, device=linear.weight.device)
+    return linear.quant_method.apply(linear, eye, None).t().contiguous()
 
 
 KIND = register(DFlashKind())
