@@ -11,8 +11,8 @@ random head), takes every fault in turn:
 After each, and one watch tick (`Watcher.sync_engines`, what `watch --engines` runs): the
 engine serves a checked draft (its tensors hash to the version it reports), engines.json
 records that version, and no good version is marked failed. The store: v0001 = a head trained
-on the target's greedy continuations, v0002 = v0001 zeroed (hashes fine, AL 1.0), v0003 = a
-copy of v0001 published later.
+on the target's greedy continuations, v0002 = v0001 zeroed (hashes fine, AL 1.0), v0003 =
+v0001 with one norm weight moved by 1e-3 (drafts as well; a swap between them loads).
 """
 
 from __future__ import annotations
@@ -50,15 +50,14 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _publish(store: DraftStore, version: str, src, zero: bool = False) -> None:
+def _publish(store: DraftStore, version: str, src, change=None) -> None:
     def write(tmp, final):
         for f in src.iterdir():
             if f.is_file() and f.name not in ("lineage.json", "failed.json"):
                 shutil.copy(f, tmp / f.name)
-        if zero:
+        if change is not None:
             t = load_file(str(tmp / "model.safetensors"))
-            save_file({k: torch.zeros_like(v) if v.is_floating_point() else v
-                       for k, v in t.items()}, str(tmp / "model.safetensors"))
+            save_file({k: change(k, v) for k, v in t.items()}, str(tmp / "model.safetensors"))
     store.publish(version, write, {"parent": None, "rollouts": [], "decided_on": "T=0",
                                    "al_after": {"T=0": {"al": 2.0}}})
 
@@ -78,8 +77,10 @@ def world(tmp_path_factory, trained_draft, tiny_target):
     export(run, ["export.check=false"])  # <run>/export: the random head the server starts on
     store = DraftStore(run)
     _publish(store, "v0001", trained)
-    _publish(store, "v0002", trained, zero=True)
-    _publish(store, "v0003", trained)
+    _publish(store, "v0002", trained,
+             lambda k, v: torch.zeros_like(v) if v.is_floating_point() else v)
+    _publish(store, "v0003", trained,  # as good, other tensors: every v0001 <-> v0003 loads
+             lambda k, v: v + 1e-3 if k == "norm.weight" else v)
     store.set_current("v0001")
     argv = serve.command(tiny_target.path, artifacts.RunPaths(run).export, K, port=_port(),
                          dtype="float32", max_model_len=512,
@@ -242,6 +243,7 @@ def test_a_cut_connection_is_asked_again_and_decides_nothing_wrong(world):
         proxy.close()
     print(f"through the cut: {out['r']}")
     assert out["r"]["status"] == "serving" and out["r"]["version"] == "v0003"
+    assert out["r"]["loaded"] is True
     assert _tick(world, "v0003")["version"] == "v0003"
 
 
