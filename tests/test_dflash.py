@@ -238,6 +238,13 @@ def test_k_norm_fix_norms_each_layer_with_its_own_weights():
     assert vllm_patch.install in kinds.get("dflash").vllm_patches()
 
 
+@torch.no_grad()
+def test_the_cost_models_draft_step_is_one_block_over_a_cached_context():
+    model = make_draft()
+    call = kinds.get("dflash").draft_step_call(model, 3, 20)
+    assert call().shape == (3, K, VD)  # k mask slots' logits per sequence
+
+
 # ----------------------------------------------------------------------------- the lifecycle
 
 

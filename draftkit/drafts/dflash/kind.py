@@ -85,6 +85,29 @@ class DFlashKind(KindDefaults):
 
         return DFlashDrafter(draft, target)
 
+    @torch.no_grad()
+    def draft_step_call(self, draft, batch: int, position: int):
+        """One vLLM DFlash step of `batch` sequences at `position` (eval/costs.py's c_draft):
+        context K/V of the k+1 newest verified tokens beside `position` cached ones, then the
+        block of k+1 queries and the lm_head on its k mask slots."""
+        p = next(draft.parameters())
+        s, spec = draft.num_slots + 1, draft.spec
+        like = {"dtype": p.dtype, "device": p.device}
+        aux = torch.randn(batch, s, spec.num_aux * spec.target_hidden_size, **like)
+        new_pos = torch.arange(position - s, position, device=p.device).clamp(min=0)
+        shape = (batch, spec.num_key_value_heads, max(position - s, 0), spec.head_dim)
+        cached = [(torch.randn(shape, **like), torch.randn(shape, **like)) for _ in draft.layers]
+        first = torch.zeros(batch, 1, dtype=torch.long, device=p.device)
+        first_pos = torch.full((batch, 1), position, dtype=torch.long, device=p.device)
+        see = torch.ones(batch, 1, shape[2] + s, dtype=torch.bool, device=p.device)
+
+        def call():
+            new = draft.context_kv(aux, new_pos.expand(batch, -1))
+            kv = [(torch.cat([ck, nk], 2), torch.cat([cv, nv], 2))
+                  for (ck, cv), (nk, nv) in zip(cached, new, strict=True)]
+            return draft.lm_head(draft.run_blocks(kv, see, first, first_pos)[:, 0, 1:])
+        return call
+
     def aux_layer_ids(self, draft) -> list[int] | None:
         return list(draft.spec.aux_layer_ids)
 

@@ -38,6 +38,7 @@ from draftkit.core import artifacts
 from draftkit.core.batching import pad_rows
 from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import acceptance
 from draftkit.drafts.dflash import format as fmt
 from draftkit.drafts.eagle3 import losses
 from draftkit.drafts.eagle3.layer import MLP, Attention, RMSNorm, Rotary, apply_rope, rms_norm
@@ -161,19 +162,27 @@ class DFlashDraft(nn.Module):
         keys block n sees; first [B, N]: each block's first token (the newest verified one),
         first_pos [B, N] its position. -> [B, N, k+1, H] (slot 0 included, unused for drafts).
         """
+        return self.run_blocks(self.context_kv(aux, ctx_pos), ctx_mask, first, first_pos)
+
+    def context_kv(self, aux: torch.Tensor, ctx_pos: torch.Tensor) -> list[tuple]:
+        """Each layer's context keys and values [B, nKV, C, hd] from tap features [B, C, A*Ht]
+        at positions ctx_pos [B, C]: what vLLM writes into the draft's KV cache."""
+        ctx = self.context(aux)  # [B, C, H]
+        cos, sin = self.rotary(ctx_pos, ctx.dtype)
+        return [layer.context_kv(ctx, cos, sin) for layer in self.layers]
+
+    def run_blocks(self, kv: list[tuple], ctx_mask: torch.Tensor, first: torch.Tensor,
+                   first_pos: torch.Tensor) -> torch.Tensor:
+        """The query blocks over given context keys/values (`blocks`' second half)."""
         b, n = first.shape
         s = self.num_slots + 1
         ids = torch.cat([first[..., None], first.new_full((b, n, s - 1), self.spec.mask_token_id)],
                         -1)  # [B, N, S]
-        x = self.embed(ids)  # [B, N, S, H]
-        ctx = self.context(aux)  # [B, C, H]
-        dtype = ctx.dtype
-        ccos, csin = self.rotary(ctx_pos, dtype)
+        dtype = self.fc.weight.dtype
+        x = self.embed(ids).to(dtype)  # [B, N, S, H]
         qpos = (first_pos[..., None] + torch.arange(s, device=first.device)).reshape(b, n * s)
         qcos, qsin = self.rotary(qpos, dtype)
-        x = x.to(dtype)
-        for layer in self.layers:
-            ck, cv = layer.context_kv(ctx, ccos, csin)
+        for layer, (ck, cv) in zip(self.layers, kv, strict=True):
             x = layer(x, qcos, qsin, ck, cv, ctx_mask)
         return self.norm(x)
 
@@ -197,7 +206,7 @@ class DFlashDraft(nn.Module):
         idx = torch.arange(t, device=valid.device)
         see = (idx[None, :] <= idx[:, None])[None] & valid[:, None, :]  # [B, N=T, C=T]
         see = see | torch.eye(t, dtype=torch.bool, device=valid.device)[None]  # no empty row
-        out = self.blocks(aux, positions, see, losses.shift(input_ids, 1), positions + 1)
+        out = self.blocks(aux, positions, see, acceptance.shift(input_ids, 1), positions + 1)
         return [out[:, :, j] for j in range(1, out.shape[2])]
 
     # ----------------------------------------------------------------- training
@@ -246,20 +255,20 @@ class DFlashDraft(nn.Module):
         loss_mask [B, T]."""
         valid = batch["attention_mask"].bool()
         learn = valid & batch["loss_mask"].bool()
-        need = valid & losses.shift(learn, 1)  # verifier rows for learned next tokens
+        need = valid & acceptance.shift(learn, 1)  # verifier rows for learned next tokens
         tgt_logits, tgt_ids = self.verifier_targets(batch["last"], need, not self.training)
         states = self.block_states(batch["aux"], batch["input_ids"], valid)
         to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
                                                       device=valid.device))
         kl_sums, counts, chain_ok = [], [], torch.ones_like(valid)
         for j, post in enumerate(states):
-            step_valid = valid & losses.shift(learn, 2 + j)  # [B, T]
+            step_valid = valid & acceptance.shift(learn, 2 + j)  # [B, T]
             rows = post[step_valid]
             picked = self.lm_head(pad_rows(rows, ROW_MULTIPLE))[: rows.shape[0]]  # [N, Vd]
             logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)
             logits = logits.index_put((step_valid,), picked)
             kl_sum, c, correct = losses.step_terms(
-                logits, losses.shift(tgt_logits, 1 + j), losses.shift(tgt_ids, 1 + j), to_target,
+                logits, acceptance.shift(tgt_logits, 1 + j), acceptance.shift(tgt_ids, 1 + j), to_target,
                 step_valid, chain_ok)
             chain_ok = chain_ok & correct
             kl_sums.append(kl_sum)
