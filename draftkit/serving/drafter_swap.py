@@ -87,10 +87,17 @@ def engine_kwargs() -> dict:
     fallback load), draftkit's weight-transfer engine (the native load) and the metrics the
     probe reads (`MEASURABLE`). Sets a random DRAFTKIT_SWAP_SECRET in this process's
     environment if none is set (the engine inherits it)."""
-    if not os.environ.get(SECRET_ENV):
-        os.environ[SECRET_ENV] = secrets.token_hex(16)
+    ensure_secret()
     return {"worker_extension_cls": EXTENSION, "weight_transfer_config": {"backend": BACKEND},
             **MEASURABLE}
+
+
+def ensure_secret() -> str:
+    """This process's DRAFTKIT_SWAP_SECRET, a random one set first if none is: every swappable
+    engine it starts inherits it, and its own swaps send it."""
+    if not os.environ.get(SECRET_ENV):
+        os.environ[SECRET_ENV] = secrets.token_hex(16)
+    return os.environ[SECRET_ENV]
 
 
 def secret_matches(given: str | None, expected: str | None) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.serving.drafter_swap import MEASURABLE, DrafterSwap
+from draftkit.serving.drafter_swap import MEASURABLE, DrafterSwap, ensure_secret
 
 EXTENSION = "draftkit.serving.policy_sync.RLWorker"
 FILE = "policy.safetensors"
@@ -28,7 +28,9 @@ FILE = "policy.safetensors"
 
 def engine_kwargs() -> dict:
     """LLM(...) keywords for an RL rollout engine: policy sync plus drafter swap, and the
-    metrics the swap's probe reads (drafter_swap.MEASURABLE)."""
+    metrics the swap's probe reads (drafter_swap.MEASURABLE), and the swap secret set in this
+    process (the worker load path refuses a swap without it)."""
+    ensure_secret()
     return {"worker_extension_cls": EXTENSION, **MEASURABLE}
 
 

@@ -67,6 +67,10 @@ def llm_kwargs(spec: EngineSpec) -> tuple[dict, dict[str, str]]:
               **settings.llm_kwargs(), **spec.extra}
     if spec.enforce_eager is not None:  # a benchmark timing eager against compiled
         kwargs["enforce_eager"] = spec.enforce_eager
+    if not kwargs.get("speculative_config"):
+        # vLLM refuses per-request spec-decode metrics on an engine that does not speculate; a
+        # swappable engine's keywords (drafter_swap.MEASURABLE) ask for them whatever it serves
+        kwargs.pop("per_request_spec_decode_metrics", None)
     return kwargs, settings.env()
 
 
