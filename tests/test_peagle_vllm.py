@@ -24,7 +24,7 @@ from draftkit.drafts import acceptance
 from draftkit.drafts import kind as kinds
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
 from draftkit.export import stage as export
-from draftkit.serving import vllm_engine
+from draftkit.serving import drafter_swap, vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -71,6 +71,10 @@ def _references(model, prompts: list[list[int]], tiny_target) -> dict:
     return {"plain": plain, "decoded": decoded}
 
 
+class TimedSwap(step_timers.StepTimers, drafter_swap.DrafterSwap):
+    """The step timers and the drafter swap in one worker extension (an engine takes one)."""
+
+
 @pytest.fixture(scope="module")
 def llm(trained):
     cfg, kind = trained["cfg"], kinds.get("peagle")
@@ -80,7 +84,9 @@ def llm(trained):
     want = export.load_speculative_config(trained["out"])  # the export's own file, whose
     want.pop("draft_sample_method")  # sampling method matters at T > 0 only
     assert spec.speculative_config == want
-    spec.extra = step_timers.engine_kwargs(spec.speculative_config)
+    spec.extra = {**step_timers.engine_kwargs(spec.speculative_config),  # timed, and
+                  **drafter_swap.engine_kwargs(),  # swappable (the last test)
+                  "worker_extension_cls": f"{__name__}.{TimedSwap.__name__}"}
     with vllm_engine.engine(spec) as engine:
         yield engine
 
@@ -129,3 +135,44 @@ def test_parity_check_on_the_running_engine(llm, greedy, trained):
     assert check["sim_al"] == pytest.approx(acceptance.simulated_al(trained["metrics"], K))
     print(f"parity: vLLM {check['vllm_al']:.3f} vs simulated {check['sim_al']:.3f}")
     assert check["vllm_al"] > 1.5 and check["gap"] < 0.3 and check["warning"] is None
+
+
+def test_a_checked_swap_serves_the_new_drafts_mask_slots(llm, greedy, trained, tiny_target,
+                                                         tmp_path):
+    """Refresh's checked swap (drafter_swap.swap_into: load, hash check, probe) of another
+    P-EAGLE draft into the live engine: only `mask_hidden` moved, so only the mask slots
+    (positions 2..k) draft differently, and only through the state vLLM derived from it at
+    load (parallel_drafting_hidden_state_tensor), which the kind's after_load recomputes.
+    vLLM's counters after the swap are the NEW draft's reference counters, not the old's."""
+    import copy
+
+    import torch
+
+    kind, n = kinds.get("peagle"), 4
+    model = copy.deepcopy(trained["model"])
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        mask = model.mask_hidden
+        mask.add_(torch.randn(mask.shape, generator=g) * 2 * mask.std())
+    out = tmp_path / "v2"
+    out.mkdir()
+    kind.export(model, out, out, trained["cfg"])
+    prompts = trained["prompts"][:n]
+    with one_thread():
+        ref = _references(model, prompts, tiny_target)["decoded"]
+    report = drafter_swap.swap_into(llm, out, kind, trained["prompts"][n:], min_al=1.2,
+                                    max_tokens=GEN)
+    assert report["ok"] and report["loaded"] and report["hash_problems"] == []
+    assert report["previous"] == str(trained["out"].resolve())
+    assert drafter_swap.hash_problems(llm, kind, out) == []
+    m = vllm_engine.measure(llm, prompts, vllm_engine.sampling(0.0, GEN), batch_size=n)
+    assert m["outputs"] == trained["plain"][:n] == [r.tokens for r in ref]
+    want = [sum(c) for c in zip(*(r.counters.accepted_per_pos for r in ref), strict=True)]
+    old = [sum(c) for c in zip(*(r.counters.accepted_per_pos for r in trained["decoded"][:n]),
+                               strict=True)]
+    print(f"swap ({report['path']}, {report['swap_s']:.2f} s, probe AL {report['al']:.3f}); "
+          f"after: vLLM {m['spec']['accepted_per_pos']} in {m['spec']['drafts']} drafts; new "
+          f"draft's reference {want}, old draft's {old}")
+    assert want != old  # the new mask slots draft differently
+    assert m["spec"]["accepted_per_pos"] == want
+    assert m["spec"]["drafts"] == sum(r.counters.drafts for r in ref)

@@ -94,17 +94,34 @@ class PEagleKind(Eagle3Kind):
     def after_load(self, drafter) -> bool:
         """A P-EAGLE drafter's mask slots read `parallel_drafting_hidden_state_tensor`, which
         vLLM computes from `mask_hidden` once, in the proposer's load_model (fc over the aux
-        states for EAGLE-3): an in-place reload leaves it stale. Recompute it as load_model
-        does; False where the drafter has none."""
+        states for EAGLE-3): an in-place reload leaves it stale. Worse, vLLM's layerwise
+        reload (both swap paths) puts the old `mask_hidden` back: it is a non-persistent
+        buffer of the top-level model, which `load_weights` copies into while the reload holds
+        it on the meta device. So the buffer is read again from the dir the drafter was just
+        loaded from (`draftkit_path`, recorded by either load), then the cached state is
+        recomputed as load_model does; False where the drafter has none."""
         cached = getattr(drafter, "parallel_drafting_hidden_state_tensor", None)
         model = drafter.model
         if cached is None or not getattr(drafter, "pass_hidden_states_to_model", False) \
                 or not hasattr(model, "mask_hidden"):
             return False
+        path = getattr(model, "draftkit_path", None)
+        if path is not None:
+            model.mask_hidden.copy_(_mask_hidden(Path(path)).view_as(model.mask_hidden))
         flat = model.mask_hidden.view(-1)  # [A*H] the learned aux states of a mask slot
         cached.copy_(model.combine_hidden_states(flat)
                      if getattr(drafter, "eagle3_use_aux_hidden_state", False) else flat)
         return True
+
+
+def _mask_hidden(directory: Path) -> torch.Tensor:
+    """The published `mask_hidden` of a P-EAGLE dir, read alone from its safetensors."""
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
+        if fmt.MASK_HIDDEN not in f.keys():
+            raise DraftkitError(f"{directory} has no `{fmt.MASK_HIDDEN}`: not a P-EAGLE draft")
+        return f.get_tensor(fmt.MASK_HIDDEN)
 
 
 def _load(directory: Path, target_model, ttt_steps: int | None = None):
