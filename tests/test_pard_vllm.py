@@ -21,12 +21,13 @@ from _runs import assert_al_matches_replay, chat_prompts, fit, greedy_batch, mak
 
 from draftkit.core import config
 from draftkit.drafts import acceptance
+from draftkit.drafts import kind as kinds
 from draftkit.drafts.draft_lm import build
 from draftkit.drafts.pard.build import choose_mask_token
 from draftkit.drafts.pard.drafter import PardDrafter
 from draftkit.drafts.pard.model import PardLM
 from draftkit.export import stage as export
-from draftkit.serving import vllm_engine
+from draftkit.serving import drafter_swap, vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -59,8 +60,8 @@ def trained(tmp_path_factory, tiny_target):
         metrics = fit(model, batch, STEPS, PROMPTS)  # metrics on the eval prompts
         save_best(run, model, metrics, step=STEPS)
         out = export.export(run, ["export.check=false"])
-    return {"run": run, "cfg": cfg, "lm": model.lm, "out": out, "prompts": prompts,
-            "metrics": metrics}
+    return {"run": run, "cfg": cfg, "model": model, "lm": model.lm, "out": out,
+            "prompts": prompts, "metrics": metrics}
 
 
 def probe_parallel(worker) -> dict:
@@ -75,6 +76,7 @@ def llm(trained):
     sc = export.load_speculative_config(trained["out"])  # as a user serves it: by its file
     spec = vllm_engine.run_engine_spec(trained["cfg"], sc, trained["prompts"],
                                        batch_size=PROMPTS)
+    spec.extra = {**spec.extra, **drafter_swap.engine_kwargs()}  # swappable (the last test)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with a function
         import cloudpickle
@@ -141,3 +143,51 @@ def test_parity_check_on_the_running_engine(llm, trained):
     assert check["sim_al"] == pytest.approx(acceptance.simulated_al(trained["metrics"], K))
     print(f"parity: vLLM {check['vllm_al']:.3f} vs simulated {check['sim_al']:.3f}")
     assert check["vllm_al"] > 1.5 and check["warning"] is None
+
+
+def _close(measured: list[int], replayed: list[int], prompts: int) -> bool:
+    """Accepted per position within one per prompt of a replay's (its tail-step slack)."""
+    return all(abs(a - b) <= prompts for a, b in zip(measured, replayed, strict=True))
+
+
+@torch.no_grad()
+def test_a_checked_swap_serves_the_new_draft(llm, greedy_run, trained, tmp_path):
+    """Refresh's checked swap (drafter_swap.swap_into: load, hash check, probe) of another
+    PARD draft (the MLPs' down projections moved) into the live engine: the engine holds its
+    tensors, still outputs the target's greedy tokens, and drafts as a replay of the NEW
+    draft says; the same prompts before the swap (what an engine that kept the old draft
+    reports) are not within that tolerance of the new draft's replay."""
+    import copy
+
+    kind, n = kinds.get("pard"), 4
+    prompts = trained["prompts"][:n]
+    params = vllm_engine.sampling(0.0, GEN)
+    before = vllm_engine.measure(llm, prompts, params, batch_size=n)["spec"]
+    model = copy.deepcopy(trained["model"])
+    g = torch.Generator().manual_seed(3)
+    for layer in model.lm.model.layers:
+        w = layer.mlp.down_proj.weight
+        w.add_(torch.randn(w.shape, generator=g) * 0.6 * w.std())
+    out = tmp_path / "v2"
+    out.mkdir()
+    kind.export(model, out, out, trained["cfg"])
+    report = drafter_swap.swap_into(llm, out, kind, trained["prompts"][n:], min_al=1.2,
+                                    max_tokens=GEN)
+    assert report["ok"] and report["loaded"] and report["hash_problems"] == []
+    assert report["previous"] == str(trained["out"].resolve())
+    assert drafter_swap.hash_problems(llm, kind, out) == []
+    m = vllm_engine.measure(llm, prompts, params, batch_size=n)
+    assert m["outputs"] == greedy_run["outputs"][:n]
+    with _runs.one_thread():
+        new = [replay(model.lm, p, o, K) for p, o in zip(prompts, m["outputs"], strict=True)]
+        old = [replay(trained["lm"], p, o, K) for p, o in zip(prompts, m["outputs"], strict=True)]
+    want, was = ([sum(c) for c in zip(*(per for _, per in r), strict=True)] for r in (new, old))
+    got = m["spec"]["accepted_per_pos"]
+    print(f"swap ({report['path']}, {report['swap_s']:.2f} s, probe AL {report['al']:.3f}); "
+          f"vLLM before {before['accepted_per_pos']} in {before['drafts']} drafts, after {got} "
+          f"in {m['spec']['drafts']}; new draft's replay {want} in {sum(d for d, _ in new)}, "
+          f"old draft's {was} in {sum(d for d, _ in old)}")
+    assert _close(before["accepted_per_pos"], was, n)  # the tolerance holds for the old draft
+    assert not _close(before["accepted_per_pos"], want, n)  # and tells the two drafts apart
+    assert _close(got, want, n)
+    assert abs(m["spec"]["drafts"] - sum(d for d, _ in new)) <= n  # one tail step per prompt
