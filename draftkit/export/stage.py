@@ -28,10 +28,7 @@ from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.acceptance import simulated_al
-from draftkit.drafts.export_files import (
-    read_json,
-    serving_snippets,  # noqa: F401 - drafts/dflash imports it from here (drafts/export_files.py)
-)
+from draftkit.drafts.export_files import read_json
 from draftkit.export.measured import keep_choice
 from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine

@@ -19,7 +19,7 @@ from draftkit.core import artifacts, provenance, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.dflash import format as fmt
-from draftkit.export.stage import read_json, serving_snippets
+from draftkit.drafts.export_files import read_json, serving_snippets
 
 
 def export_run(run) -> Path:
