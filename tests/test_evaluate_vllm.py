@@ -247,7 +247,8 @@ def test_where_no_speculation_is_fastest_serving_json_gets_k_0_and_vllm_drafts_n
     """The eval's rows of no speculation and the draft, no speculation's speed set so that the
     draft wins at batch 1 and loses at T=1 batch 2: serving.json's schedule gets k 0 for batch
     2-3 (and that range no speculative config), vLLM's lookup gives 0 there, and an engine
-    started from the exported schedule drafts at batch 1 and not at batch 2."""
+    started from the exported schedule drafts at batch 1 and, at batch 2, only on the steps one
+    request runs alone."""
     import copy
     import shutil
 
@@ -293,7 +294,11 @@ def test_where_no_speculation_is_fastest_serving_json_gets_k_0_and_vllm_drafts_n
             vllm_engine.generate(llm, prompts, params, batch_size=b)
             got[b] = SpecCounters.read(llm).delta(before)
     assert got[1].drafts > 0 and got[1].draft_tokens == 2 * got[1].drafts, got[1]
-    assert got[2].drafts == 0 and got[2].draft_tokens == 0, got[2]
+    # k follows the batch of each step: the two prompts (of different lengths) are not prefilled
+    # in one step, so the first runs one step alone and finishes one step ahead; only those two
+    # steps at batch 1 may draft (seen: 2 drafts)
+    assert got[2].drafts <= 2 < got[1].drafts, (got[1], got[2])
+    assert got[2].draft_tokens == 2 * got[2].drafts, got[2]
 
 
 def test_vllm_cpu_drafts_the_k_of_each_batch_range():
