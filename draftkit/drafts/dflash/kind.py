@@ -11,11 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from draftkit.core import artifacts, registry
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.dflash import format as fmt
 from draftkit.drafts.dflash import vllm_patch
+from draftkit.drafts.dflash.build import build
+from draftkit.drafts.dflash.drafter import DFlashDrafter
+from draftkit.drafts.dflash.export import export_run, portable, write_files
+from draftkit.drafts.dflash.model import DFlashDraft
 from draftkit.drafts.kind import KindDefaults, device_of, draft_sampling, fuse_projections, register
+from draftkit.target.capture import capture
 
 
 class DFlashKind(KindDefaults):
@@ -24,8 +31,6 @@ class DFlashKind(KindDefaults):
     # ----------------------------------------------------------------- init, train
 
     def resolve(self, cfg, info) -> None:
-        from draftkit.drafts.dflash import format as fmt
-
         d = cfg.draft
         if not d.aux_layer_ids:
             d.aux_layer_ids = info.default_aux_layer_ids
@@ -50,15 +55,11 @@ class DFlashKind(KindDefaults):
                 f"train.ttt_steps={k}")
 
     def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
-        from draftkit.drafts.dflash.build import build
-
         return build(cfg, data_runs, target)
 
     # ----------------------------------------------------------------- export, eval
 
     def export_run(self, run) -> Path:
-        from draftkit.drafts.dflash.export import export_run
-
         return export_run(run)
 
     def speculative_config(self, directory: str | Path, k: int | None,
@@ -67,8 +68,6 @@ class DFlashKind(KindDefaults):
                 **draft_sampling(sample)}
 
     def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
-        from draftkit.drafts.dflash import format as fmt
-
         spec = fmt.from_config(conf)
         t = cfg.target
         return {"hidden size": (spec.hidden_size, t.hidden_size),
@@ -76,13 +75,9 @@ class DFlashKind(KindDefaults):
                 "vocab": (spec.target_vocab_size, t.vocab_size)}
 
     def load_export(self, directory: Path, target_model) -> torch.nn.Module:
-        from draftkit.drafts.dflash.model import DFlashDraft
-
         return DFlashDraft.from_pretrained(directory, target_model)
 
     def reference_drafter(self, draft, target):
-        from draftkit.drafts.dflash.drafter import DFlashDrafter
-
         return DFlashDrafter(draft, target)
 
     @torch.no_grad()
@@ -118,7 +113,6 @@ class DFlashKind(KindDefaults):
         mask_embedding.pt only when it loads a draft, from the engine's first draft dir (an
         in-place reload re-reads that file), so a refreshed version keeps the embedding the
         running engine holds and a swap serves it whole."""
-        from draftkit.drafts.dflash.model import DFlashDraft
 
         model = DFlashDraft.from_pretrained(directory, policy_model)
         if model.num_slots != k:
@@ -129,8 +123,6 @@ class DFlashKind(KindDefaults):
         return model.float().to(device_of(policy_model))
 
     def features(self, model, policy_model, input_ids, attention_mask):
-        from draftkit.target.capture import capture
-
         device = device_of(policy_model)
         aux, last = capture(policy_model, input_ids.to(device), model.spec.aux_layer_ids,
                             attention_mask=attention_mask.to(device))
@@ -144,9 +136,6 @@ class DFlashKind(KindDefaults):
         return steps, vocab_ids
 
     def export(self, model, tmp: Path, final: Path, cfg) -> None:
-        from draftkit.drafts.dflash import format as fmt
-        from draftkit.drafts.dflash.export import portable, write_files
-
         spec = portable(fmt.with_k(model.spec, cfg.draft.num_speculative_tokens), cfg)
         tensors = model.export_state_dict()
         fmt.check_state_dict(spec, tensors)
@@ -156,9 +145,7 @@ class DFlashKind(KindDefaults):
         """vLLM's DFlashQwen3ForCausalLM names: `model.` prefix (lm_head and d2t ->
         draft_id_to_target_id excepted), fused qkv/gate_up, t2d dropped, and the mask
         embedding file as `model.mask_embedding`."""
-        from safetensors.torch import load_file
 
-        from draftkit.drafts.dflash import format as fmt
 
         directory = Path(directory)
         out = {}
