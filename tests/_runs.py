@@ -143,7 +143,7 @@ def write_token_counts(run_dir: Path) -> None:
     import datasets
     from safetensors.torch import save_file
 
-    from draftkit.prepare.dataset import COUNTS_FILE
+    from draftkit.core.prepared_data import COUNTS_FILE
 
     counts = torch.zeros(config.load(run_dir).target.vocab_size, dtype=torch.long)
     for r in datasets.load_from_disk(str(RunPaths(run_dir).data / "train")):

@@ -253,8 +253,8 @@ def test_where_no_speculation_is_fastest_serving_json_gets_k_0_and_vllm_drafts_n
     import shutil
 
     from draftkit.core import config
+    from draftkit.core.prepared_data import load_prompts
     from draftkit.export import choice, measured
-    from draftkit.prepare.dataset import load_prompts
     from draftkit.serving import vllm_engine
     from draftkit.serving.counters import SpecCounters
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from draftkit.core import config
+from draftkit.core import config, prepared_data
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.init.stage import init_run
-from draftkit.prepare import chat_mask, dataset, recipes, regen, selfinstruct
+from draftkit.prepare import chat_mask, recipes, regen, selfinstruct
 from draftkit.prepare import stage as prepare
 from draftkit.prepare.sources import Dropped
 
@@ -152,7 +152,7 @@ def test_truncation_and_drops_are_counted(tmp_path):
     assert dropped == {"prompt_too_long": 1, "empty_response": 1}
     assert st["train"]["trimmed_turns"] + st["eval"]["trimmed_turns"] == 1
     assert st["train"]["samples"] + st["eval"]["samples"] == 6
-    ds = dataset.load_split(out, "train")
+    ds = prepared_data.load_split(out, "train")
     assert max(ds["length"]) <= 64 and all(
         r == len(i) for r, i in zip(ds["length"], ds["input_ids"], strict=True))
 
@@ -165,7 +165,7 @@ def test_prepare_errors(tmp_path, tiny_target):
     with pytest.raises(DraftkitError, match="recipe 'mine' has no self_instruct section"):
         prepare.prepare(run, ["data.self_instruct=4", "data.regenerate=true"])
     with pytest.raises(DraftkitError, match="no prepared data"):
-        dataset.load_split(RunPaths(run).data, "train")
+        prepared_data.load_split(RunPaths(run).data, "train")
     bare = tmp_path / "no-template"
     shutil.copytree(tiny_target.path, bare)
     (bare / "chat_template.jinja").unlink(missing_ok=True)
@@ -183,10 +183,10 @@ def test_hf_regeneration_end_to_end(tmp_path, tiny_target):
     run = init_run("tiny-llama", "chat", runs_dir=tmp_path, overrides=SMALL)
     out = prepare.prepare(run)
     tok = prepare.load_tokenizer(tiny_target.path)
-    ds = dataset.load_split(RunPaths(run).data, "train")
+    ds = prepared_data.load_split(RunPaths(run).data, "train")
     assert set(ds.column_names) >= {"id", "messages", "prompt_ids", "input_ids", "loss_mask",
                                     "length"}
-    assert len(ds) == 8 and len(dataset.load_split(RunPaths(run).data, "eval")) == 2
+    assert len(ds) == 8 and len(prepared_data.load_split(RunPaths(run).data, "eval")) == 2
     cached = {}
     for f in (out / ".regen").glob("train-*/*.jsonl"):
         for line in f.read_text().splitlines():
@@ -206,7 +206,7 @@ def test_hf_regeneration_end_to_end(tmp_path, tiny_target):
     # token frequencies equal a brute-force count over the masked train tokens
     brute = Counter(t for r in ds for t, m in zip(r["input_ids"], r["loss_mask"], strict=True)
                     if m)
-    counts = dataset.load_token_counts(RunPaths(run).data)
+    counts = prepared_data.load_token_counts(RunPaths(run).data)
     assert counts.dtype.is_floating_point is False and counts.shape == (512,)
     assert {i: int(c) for i, c in enumerate(counts.tolist()) if c} == dict(brute)
     meta = json.loads((out / "meta.json").read_text())
@@ -233,14 +233,14 @@ def test_regeneration_resumes_without_redoing_batches(tmp_path, monkeypatch):
     calls.update(n=0, fail_after=-1)
     out = prepare.prepare(run)
     assert calls["n"] == 1  # only the unfinished (eval) batch ran
-    resumed = [dict(r) for r in dataset.load_split(RunPaths(run).data, "train")]
+    resumed = [dict(r) for r in prepared_data.load_split(RunPaths(run).data, "train")]
     st = json.loads((out / "stats.json").read_text())["regenerate"]
     assert st["train"]["cached_batches"] == 2 and st["eval"]["cached_batches"] == 0
     shutil.rmtree(out / ".regen")  # an uninterrupted run from scratch gives the same data
     calls["n"] = 0
     prepare.prepare(run)
     assert calls["n"] == 3
-    assert [dict(r) for r in dataset.load_split(RunPaths(run).data, "train")] == resumed
+    assert [dict(r) for r in prepared_data.load_split(RunPaths(run).data, "train")] == resumed
 
 
 @pytest.mark.parametrize("method", ["instruct", "magpie"])

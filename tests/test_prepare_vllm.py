@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from draftkit.core import prepared_data
 from draftkit.core.artifacts import RunPaths
 from draftkit.init.stage import init_run
-from draftkit.prepare import dataset
 from draftkit.prepare import stage as prepare
 
 RECIPE = Path(__file__).parent.parent / "data_recipes" / "math.yaml"
@@ -34,7 +34,7 @@ def test_prepare_with_vllm_regeneration_and_self_instruct(tmp_path, tiny_target)
     st = json.loads((out / "stats.json").read_text())
     assert st["self_instruct"]["accepted"] == 4
     assert st["regenerate"]["generated_tokens"] > 0
-    train = dataset.load_split(RunPaths(run).data, "train")
+    train = prepared_data.load_split(RunPaths(run).data, "train")
     assert len(train) == 10 and train["source"].count("self-instruct") == 4
     cached = {}
     for f in (out / ".regen").glob("train-*/*.jsonl"):

@@ -8,10 +8,11 @@ import re
 
 import pytest
 
+from draftkit.core import prepared_data
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
-from draftkit.prepare import dataset, substitute
 from draftkit.prepare import stage as prepare
+from draftkit.prepare import substitute
 from draftkit.prepare.sources import Conversation
 
 NOUNS = ["pizzas", "slices", "boxes", "cookies", "berries", "kites", "candles", "houses",
@@ -90,8 +91,8 @@ def test_prepare_adds_copies_to_train_only(tmp_path):
     run = _local_run(tmp_path, rows, ["data.max_seq_len=256", "data.substitute_copies=1",
                                       "data.substitute_max_df=0.5"])
     out = prepare.prepare(run)
-    train = dataset.load_split(RunPaths(run).data, "train")
-    evals = dataset.load_split(RunPaths(run).data, "eval")
+    train = prepared_data.load_split(RunPaths(run).data, "train")
+    evals = prepared_data.load_split(RunPaths(run).data, "eval")
     assert len(evals) == 1 and not any(i.endswith("-sub0") for i in evals["id"])
     subs = [i for i in train["id"] if i.endswith("-sub0")]
     assert len(subs) == len(train) // 2 == 39

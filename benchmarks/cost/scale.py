@@ -37,11 +37,11 @@ from benchmarks import report
 from benchmarks.cost.scale_report import markdown, plot, project
 from draftkit import api
 from draftkit.core import artifacts, config, hardware, provenance, registry
+from draftkit.core.prepared_data import COUNTS_FILE
 from draftkit.drafts import kind as kinds
 from draftkit.harvest import stage as hv
 from draftkit.harvest.shards import open_harvest
 from draftkit.init.stage import init_run
-from draftkit.prepare.dataset import COUNTS_FILE
 from draftkit.rl import drift, finetune
 from draftkit.rl.rollouts import Rollout
 from draftkit.target.load import load_target, target_dir

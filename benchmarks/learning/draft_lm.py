@@ -24,10 +24,10 @@ from benchmarks import report
 from draftkit import api
 from draftkit.core import artifacts, config, hardware, registry
 from draftkit.core.artifacts import RunPaths
+from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.draft_lm.build import resolve_init
 from draftkit.eval.stage import measure_grid
-from draftkit.prepare.dataset import load_prompts
 
 METHODS = ("ngram", "eagle3", "draft_model")
 STYLES = tuple(zip(METHODS, ("s--", "o-", "^-"), strict=True))  # plot: method, style

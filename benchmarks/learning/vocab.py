@@ -17,8 +17,8 @@ import torch
 from benchmarks import report
 from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
+from draftkit.core.prepared_data import load_token_counts
 from draftkit.drafts.eagle3.build import load_vocab
-from draftkit.prepare.dataset import load_token_counts
 from draftkit.prepare.stage import load_tokenizer
 from draftkit.target.load import run_target_dir
 

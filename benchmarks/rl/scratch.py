@@ -30,8 +30,8 @@ import yaml
 from draftkit import api
 from draftkit.core import artifacts, config, provenance, registry
 from draftkit.core.errors import DraftkitError
+from draftkit.core.prepared_data import SPLITS
 from draftkit.init.stage import fill_target
-from draftkit.prepare.dataset import SPLITS
 from draftkit.target.lineage import same_lineage
 
 PROMPTS = "v0-prompts"

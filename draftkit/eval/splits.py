@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 
 from draftkit.core.errors import DraftkitError
+from draftkit.core.prepared_data import load_prompts, load_split
 from draftkit.core.resources import recipes_dir
 from draftkit.prepare import chat_mask, mathgen, recipes
-from draftkit.prepare.dataset import load_prompts, load_split
 from draftkit.prepare.stage import load_tokenizer
 from draftkit.target.load import run_target_dir
 

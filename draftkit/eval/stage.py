@@ -44,13 +44,13 @@ from tqdm import tqdm
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
+from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
 from draftkit.eval import report, splits
 from draftkit.eval.costs import add_projections, step_costs
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
 from draftkit.export import choice
 from draftkit.export.measured import apply_choice
-from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 from draftkit.serving.counters import SpecCounters
 from draftkit.serving.vllm_engine import EngineStartError

@@ -26,11 +26,11 @@ from pathlib import Path
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
+from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.acceptance import simulated_al
 from draftkit.drafts.export_files import read_json
 from draftkit.export.measured import keep_choice
-from draftkit.prepare.dataset import load_prompts
 from draftkit.serving import vllm_engine
 
 

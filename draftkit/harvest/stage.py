@@ -43,12 +43,11 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, batching, config, hardware, provenance
+from draftkit.core import artifacts, batching, config, hardware, prepared_data, provenance
 from draftkit.core.config import Run, RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
 from draftkit.harvest.shards import HarvestError, HarvestSet, open_harvest  # noqa: F401 - public API
-from draftkit.prepare import dataset
 from draftkit.target import capture as capture_mod
 from draftkit.target import load as target_load
 
@@ -124,7 +123,7 @@ def plan(run: Run, device: str = "cpu") -> list[SplitJob]:
         raise DraftkitError("harvest.shard_tokens and harvest.batch_tokens must be >= 1")
     jobs = []
     for split in SPLITS:
-        ds = dataset.load_rows(paths.data, split)
+        ds = prepared_data.load_rows(paths.data, split)
         if ds is None:
             continue
         if split == "train" and len(ds) == 0:

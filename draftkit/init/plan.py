@@ -69,12 +69,12 @@ class Plan:
 
 def _prepared(paths: artifacts.RunPaths, cfg: RunConfig) -> dict | None:
     """Real token counts of a prepared run (None before `prepare`)."""
-    from draftkit.prepare import dataset
+    from draftkit.core import prepared_data
 
     if not (paths.data / "train").is_dir():
         return None
-    train = dataset.load_rows(paths.data, "train")
-    ev = dataset.load_rows(paths.data, "eval")
+    train = prepared_data.load_rows(paths.data, "train")
+    ev = prepared_data.load_rows(paths.data, "eval")
     ev_lens = list(ev["length"]) if ev is not None else []
     if 0 < cfg.harvest.eval_sequences < len(ev_lens):
         ev_lens = ev_lens[:cfg.harvest.eval_sequences]

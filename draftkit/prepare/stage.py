@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from draftkit.core import artifacts, config, provenance
 from draftkit.core.errors import DraftkitError
+from draftkit.core.prepared_data import COUNTS_FILE, SPLITS
 from draftkit.prepare import chat_mask, recipes, regen, selfinstruct, sources, substitute
-from draftkit.prepare.dataset import COUNTS_FILE, SPLITS
 from draftkit.prepare.sources import Conversation, Dropped
 from draftkit.target.load import run_target_dir
 

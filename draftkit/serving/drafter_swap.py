@@ -290,7 +290,7 @@ def require_check(probes: list[list[int]] | None, min_al: float) -> None:
             "a drafter swap needs probe prompts (token ids) to measure acceptance, got "
             f"{'none' if not probes else 'an empty prompt'}: without them a draft that did not "
             "arrive (AL 1.0) passes. Pass probes, e.g. `DraftRefresher(run).probes()` or the "
-            "run's eval prompts (draftkit.prepare.dataset.load_prompts(run / 'data', 8))")
+            "run's eval prompts (draftkit.core.prepared_data.load_prompts(run / 'data', 8))")
     if not min_al > 1.0:
         raise DraftSwapError(
             f"min_al={min_al} cannot fail: AL >= 1.0 always (a draft nobody accepts scores "

@@ -30,10 +30,10 @@ from draftkit.core.artifacts import RunPaths
 from draftkit.core.batching import plan_batches, to_device
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
+from draftkit.core.prepared_data import load_split
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.acceptance import aggregate
 from draftkit.harvest.shards import open_harvest
-from draftkit.prepare.dataset import load_split
 from draftkit.target.capture import OnlineCapture
 from draftkit.target.lineage import same_lineage
 from draftkit.target.load import load_target

@@ -12,10 +12,10 @@ import dataclasses
 from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
+from draftkit.core.prepared_data import load_token_counts
 from draftkit.drafts.eagle3 import format as fmt
 from draftkit.drafts.eagle3.model import Eagle3Draft
 from draftkit.drafts.eagle3.vocab import DraftVocab
-from draftkit.prepare.dataset import load_token_counts
 from draftkit.target.lineage import same_lineage
 from draftkit.target.tokens import end_of_turn_ids
 

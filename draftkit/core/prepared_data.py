@@ -1,6 +1,8 @@
 """The prepared-data artifact's reader: `<run>/data/{train,eval}` (Arrow, one conversation per
-row) and `<run>/data/token_freqs.safetensors`. Harvest, train, export and eval read prepare's
-output only through here, given the data dir (`RunPaths.data`)."""
+row) and `<run>/data/token_freqs.safetensors`. Harvest, train, export, eval and the draft vocab
+(drafts' token counts) read prepare's output only through here, given the data dir
+(`RunPaths.data`). It lives in core, below drafts, not in prepare/: the prepare stage runs
+serving's vLLM engine, and serving asks drafts' kinds."""
 
 from __future__ import annotations
 
