@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from draftkit.drafts.eagle3.format import DraftSpec
-from draftkit.drafts.eagle3.model import Eagle3Draft
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family.format import DraftSpec
+from draftkit.drafts.eagle_family.model import Eagle3Draft
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 
 V, VD, H = 64, 40, 32
 

@@ -17,8 +17,8 @@ OVERRIDES = ["draft.draft_vocab_size=256", f"draft.aux_layer_ids={AUX}", "train.
 
 
 def make_run(tmp: Path, target, name: str = "rl") -> Path:
-    from draftkit.drafts.eagle3.model import Eagle3Draft
-    from draftkit.drafts.eagle3.vocab import DraftVocab
+    from draftkit.drafts.eagle_family.model import Eagle3Draft
+    from draftkit.drafts.eagle_family.vocab import DraftVocab
     from draftkit.export.stage import export
     from draftkit.target.tokens import end_of_turn_ids
 

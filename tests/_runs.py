@@ -169,8 +169,8 @@ def chat_prompts(tokenizer, n: int, offset: int = 0) -> list[list[int]]:
 
 def random_draft(run: Path, target_model=None, seed: int = 0):
     """An untrained head for the run's config: random weights, a vocab from random counts."""
-    from draftkit.drafts.eagle3.model import Eagle3Draft
-    from draftkit.drafts.eagle3.vocab import DraftVocab
+    from draftkit.drafts.eagle_family.model import Eagle3Draft
+    from draftkit.drafts.eagle_family.vocab import DraftVocab
 
     cfg = config.load(run)
     g = torch.Generator().manual_seed(seed)
@@ -212,8 +212,8 @@ def train_draft(run: Path, target, prompts: list[list[int]], new_tokens: int = 4
                 extra: int = 8, steps: int = 150):
     """A head fitted (full batch, Adam) to the target's greedy continuations of `prompts` plus
     `extra` more prompts. Returns (model in eval mode, its metrics on `prompts`)."""
-    from draftkit.drafts.eagle3.model import Eagle3Draft
-    from draftkit.drafts.eagle3.vocab import DraftVocab
+    from draftkit.drafts.eagle_family.model import Eagle3Draft
+    from draftkit.drafts.eagle_family.vocab import DraftVocab
     from draftkit.target.tokens import end_of_turn_ids
 
     cfg = config.load(run)

@@ -66,7 +66,7 @@ def test_every_bench_learning_setting_is_a_valid_override_set():
 def test_bench_vocab_counts_answer_tokens_outside_the_draft_vocab():
     import torch
 
-    from draftkit.drafts.eagle3.vocab import DraftVocab
+    from draftkit.drafts.eagle_family.vocab import DraftVocab
 
     t2d = DraftVocab.build(torch.tensor([0, 5, 4, 3, 0, 0, 2, 1]), 3, must_include=[7]).t2d
     assert t2d.nonzero().flatten().tolist() == [1, 2, 7]

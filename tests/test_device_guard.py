@@ -99,7 +99,7 @@ def test_harvest_on_the_device_writes_the_cpu_shards(runs, monkeypatch):
 def test_reference_decoder_step_on_the_device_equals_the_cpu(runs, tiny_target):
     from _runs import AUX, chat_prompts, random_draft
 
-    from draftkit.drafts.eagle3.drafter import Eagle3Drafter
+    from draftkit.drafts.eagle_family.drafter import Eagle3Drafter
     from draftkit.eval.spec_decode import HFTarget, speculative_decode
 
     prompt = chat_prompts(tiny_target.tokenizer, 1)[0]

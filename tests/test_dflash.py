@@ -23,8 +23,8 @@ from draftkit.drafts.dflash import format as fmt
 from draftkit.drafts.dflash import vllm_patch
 from draftkit.drafts.dflash.drafter import DFlashDrafter
 from draftkit.drafts.dflash.model import DFlashDraft
-from draftkit.drafts.eagle3.layer import apply_rope, rms_norm
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family.layer import apply_rope, rms_norm
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 
 V, VD, H, K, MASK = 64, 40, 32, 3, 5
 

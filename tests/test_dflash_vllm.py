@@ -48,8 +48,8 @@ def _fitted_draft(cfg, tiny_target, batch):
     from draftkit.drafts.dflash import format as fmt
     from draftkit.drafts.dflash.build import init_layers_from_target, mask_token_for
     from draftkit.drafts.dflash.model import DFlashDraft
-    from draftkit.drafts.eagle3.model import module_tensors
-    from draftkit.drafts.eagle3.vocab import DraftVocab
+    from draftkit.drafts.eagle_family.target_tensors import module_tensors
+    from draftkit.drafts.eagle_family.vocab import DraftVocab
     from draftkit.target.tokens import end_of_turn_ids
 
     counts = torch.bincount(batch["input_ids"][batch["loss_mask"].bool()],

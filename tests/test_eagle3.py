@@ -10,9 +10,10 @@ from _eagle3_helpers import make_batch, make_model, make_spec
 
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import acceptance
-from draftkit.drafts.eagle3.layer import Rotary, apply_rope, ttt_mask
-from draftkit.drafts.eagle3.model import Eagle3Draft, read_target_tensors
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family.layer import Rotary, apply_rope, ttt_mask
+from draftkit.drafts.eagle_family.model import Eagle3Draft
+from draftkit.drafts.eagle_family.target_tensors import read_target_tensors
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 
 FLAGS = [(False, False, False, False), (True, False, False, False), (False, True, False, True),
          (True, False, True, True), (False, True, True, False)]
@@ -253,7 +254,7 @@ def test_duplicate_or_unsorted_aux_ids_are_refused(tiny_vocab):
 
 
 def test_two_layer_head_round_trips_and_is_checked(tmp_path, tiny_vocab, tiny_target):
-    from draftkit.drafts.eagle3 import format as fmt
+    from draftkit.drafts.eagle_family import format as fmt
     from draftkit.init.stage import resolve
 
     cfg = resolve("tiny-llama", "math", overrides=["draft.draft_vocab_size=256",

@@ -14,7 +14,7 @@ from _runs import DRAFT, chat_prompts, make_run, random_draft, save_best
 from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.eagle_family.model import Eagle3Draft
 from draftkit.eval import report
 from draftkit.eval.stage import compare, evaluate
 from draftkit.export import stage as export

@@ -16,8 +16,8 @@ from draftkit import cli
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.acceptance import simulated_al
-from draftkit.drafts.eagle3 import format as fmt
 from draftkit.drafts.eagle3.export import portable
+from draftkit.drafts.eagle_family import format as fmt
 from draftkit.export.stage import export, load_speculative_config
 
 OVERRIDES = ["draft.draft_vocab_size=256", "draft.aux_layer_ids=[1,3,5]",

@@ -14,9 +14,7 @@ KINDS = sorted(p.name for p in (PACKAGE / "drafts").iterdir()
 # Kind -> kind imports still there, each a debt with its way out (a shared family module,
 # drafts/_<family>.py, that is not itself a kind). Nothing may be added here.
 KIND_DEBTS = {
-    ("peagle", "eagle3"),  # P-EAGLE subclasses the EAGLE-3 kind, model, format and export
     ("pard", "draft_lm"),  # PARD subclasses the draft-LM kind, model, loader and export
-    ("dflash", "eagle3"),  # DFlash reuses the EAGLE-3 decoder layer, vocab and format
 }
 # A kind importing a stage, and files left out of the cycle check: none may be added.
 STAGE_DEBTS: set[tuple[str, str]] = set()

@@ -18,9 +18,9 @@ from _eagle3_helpers import H, make_batch, make_model, make_spec
 
 from draftkit.core.config import TrackingConfig, TrainConfig
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3 import init_layer
-from draftkit.drafts.eagle3.model import Eagle3Draft, add_feature_noise
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family import init_layer
+from draftkit.drafts.eagle_family.model import Eagle3Draft, add_feature_noise
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.train.data import BatchBuilder, TokenSource
 from draftkit.train.loop import fit
 
@@ -97,7 +97,7 @@ def test_stacked_layers_start_as_the_target_layers(vocab, tiny_target):
     """draft.num_layers=2 from layer 3: layer 0 as above from target layer 3, layer 1 is target
     layer 4 whole, and runs as it: on the state entering target layer 4, it returns the state
     entering layer 5 (transformers' own forward is the reference)."""
-    from draftkit.drafts.eagle3.layer import causal_mask
+    from draftkit.drafts.eagle_family.layer import causal_mask
 
     cfg = _tiny_cfg("draft.init_layer_from=3", "draft.num_layers=2")
     model = Eagle3Draft.from_run_config(cfg, vocab, target_model=tiny_target.model)

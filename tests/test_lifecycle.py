@@ -143,7 +143,7 @@ def test_frozen_head_keeps_the_target_norm_and_rows_and_resumes_exactly(run):
     """draft.init_norm_from_target + train.freeze_head: the exported head's norm and lm_head
     are the target's final norm and its lm_head rows of the draft vocab, bit for bit, after
     training; the rest trains, and an interrupted run resumes to the same weights."""
-    from draftkit.drafts.eagle3.model import read_target_tensors
+    from draftkit.drafts.eagle_family.target_tensors import read_target_tensors
     from draftkit.target.load import run_target_dir
 
     frozen = ["draft.init_norm_from_target=true", "train.freeze_head=true",
@@ -173,7 +173,7 @@ def test_bench_misses_counts_what_the_acc_0_metric_counts(run):
     """benchmarks/learning/misses.py (scripts/bench_misses.py): its per-class counts add up to
     the model's own step-0 metric (n_0, correct_0 of the eval-mode forward) on every eval
     sequence."""
-    from draftkit.drafts.eagle3.model import Eagle3Draft
+    from draftkit.drafts.eagle_family.model import Eagle3Draft
     from draftkit.target.load import load_target
     from draftkit.train.data import BatchBuilder, HarvestSource
 
@@ -222,8 +222,8 @@ def _reference_al(run, target, k: int, max_new_tokens: int) -> float:
     decoder on the run's eval prompts, with vLLM's EOS and token budget."""
     import datasets
 
-    from draftkit.drafts.eagle3.drafter import Eagle3Drafter
-    from draftkit.drafts.eagle3.model import Eagle3Draft
+    from draftkit.drafts.eagle_family.drafter import Eagle3Drafter
+    from draftkit.drafts.eagle_family.model import Eagle3Draft
     from draftkit.eval.spec_decode import HFTarget, speculative_decode
     from draftkit.serving.counters import SpecCounters
 

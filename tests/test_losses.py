@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from draftkit.drafts import acceptance
-from draftkit.drafts.eagle3 import losses
+from draftkit.drafts.eagle_family import losses
 
 
 def _softmax(xs):

@@ -19,8 +19,8 @@ from draftkit import api
 from draftkit.core import config
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.eagle3.layer import rms_norm
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family.layer import rms_norm
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.drafts.peagle.drafter import PEagleDrafter
 from draftkit.drafts.peagle.model import PEagleDraft
 

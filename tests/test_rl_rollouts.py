@@ -88,7 +88,7 @@ def test_lineage_checks_shapes_and_tokenizer_not_names(tmp_path, tiny_target):
 def test_warm_start_accepts_a_new_checkpoint_dir_of_the_same_lineage(tmp_path, tiny_target):
     from _rl_helpers import OVERRIDES, make_run
 
-    from draftkit.drafts.eagle3.build import warm_start
+    from draftkit.drafts.eagle_family.build import warm_start
     from draftkit.init.stage import init_run
     from draftkit.rl.publish import DraftStore
 

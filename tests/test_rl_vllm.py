@@ -43,8 +43,8 @@ def _chat_prompts(tok, split: str, n: int) -> list[list[int]]:
 
 
 def _initial_head(run, policy, answers: list[list[int]]):
-    from draftkit.drafts.eagle3.model import Eagle3Draft
-    from draftkit.drafts.eagle3.vocab import DraftVocab
+    from draftkit.drafts.eagle_family.model import Eagle3Draft
+    from draftkit.drafts.eagle_family.vocab import DraftVocab
     from draftkit.export.stage import export
     from draftkit.target.tokens import end_of_turn_ids
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from draftkit.drafts.draft_lm.drafter import HFDraftLM
-from draftkit.drafts.eagle3.drafter import Eagle3Drafter
-from draftkit.drafts.eagle3.model import Eagle3Draft
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family.drafter import Eagle3Drafter
+from draftkit.drafts.eagle_family.model import Eagle3Draft
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.eval.spec_decode import HFTarget, greedy_decode, speculative_decode
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread

@@ -180,7 +180,7 @@ def test_padding_to_a_multiple_leaves_loss_and_grads_unchanged(monkeypatch, row_
     masked rows picked in row counts rounded up, or not) train the same: padding is masked."""
     from _eagle3_helpers import make_batch, make_model, make_spec
 
-    from draftkit.drafts.eagle3 import model as eagle3_model
+    from draftkit.drafts.eagle_family import model as eagle3_model
 
     spec = make_spec()
     model = make_model(spec).train()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3.vocab import DraftVocab, validate
+from draftkit.drafts.eagle_family.vocab import DraftVocab, validate
 from draftkit.target.tokens import end_of_turn_ids
 
 

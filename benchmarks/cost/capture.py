@@ -24,8 +24,8 @@ import torch
 from benchmarks import report
 from benchmarks.cost.children import REFRESH_OVERRIDES
 from draftkit.core import artifacts, config, hardware
-from draftkit.drafts.eagle3.model import Eagle3Draft
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family.model import Eagle3Draft
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.export.stage import export
 from draftkit.init.stage import init_run
 from draftkit.target.load import load_target

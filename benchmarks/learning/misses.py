@@ -16,7 +16,7 @@ from benchmarks import report
 from draftkit.core import config, hardware
 from draftkit.core.artifacts import RunPaths
 from draftkit.drafts import acceptance
-from draftkit.drafts.eagle3.model import Eagle3Draft
+from draftkit.drafts.eagle_family.model import Eagle3Draft
 from draftkit.target.load import load_target
 from draftkit.train.data import BatchBuilder, HarvestSource
 
@@ -51,7 +51,7 @@ def measure(run: Path, splits: list[str]) -> dict:
 
 def first_draft(model, batch: dict) -> tuple[list[int], list[int], list[int]]:
     """For one sequence: (target's greedy token id at t+2, the head's step-0 draft for it, the
-    indices t that count), as the model's forward scores acc_0 (eagle3/model.py)."""
+    indices t that count), as the model's forward scores acc_0 (eagle_family/model.py)."""
     valid = batch["attention_mask"].bool()  # [1, T]
     learn = valid & batch["loss_mask"].bool()
     _, tgt_ids = model.verifier_targets(batch["last"], where=valid & acceptance.shift(learn, 1))

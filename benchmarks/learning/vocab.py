@@ -1,5 +1,5 @@
 """How much of the target's answers an EAGLE-3 draft vocabulary can propose at all. For each
-draft vocab size, the vocab train builds from the run's token counts (eagle3/build.load_vocab:
+draft vocab size, the vocab train builds from the run's token counts (eagle_family/build.load_vocab:
 `DraftVocab.build`, end-of-turn ids included) and the share of assistant tokens of the train and
 eval conversations (the target's own answers) that fall outside it: every such token is a
 rejected draft. For the eval misses, the share that also occurs in the conversation's prompt
@@ -18,7 +18,7 @@ from benchmarks import report
 from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.prepared_data import load_token_counts
-from draftkit.drafts.eagle3.build import load_vocab
+from draftkit.drafts.eagle_family.build import load_vocab
 from draftkit.prepare.stage import load_tokenizer
 from draftkit.target.load import run_target_dir
 

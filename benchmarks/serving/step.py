@@ -25,8 +25,8 @@ import torch
 from benchmarks import report
 from benchmarks.serving import step_timers
 from draftkit.core import artifacts, config, hardware
-from draftkit.drafts.eagle3.model import Eagle3Draft
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family.model import Eagle3Draft
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.eval import splits, stage
 from draftkit.export import stage as export_stage
 from draftkit.init.stage import init_run

@@ -13,7 +13,7 @@ v1/worker/gpu_model_runner.py, subclassed by cpu_model_runner.py):
   propose         runner.propose_draft_token_ids: all of the drafting for the next step
     draft_forward   each call of the drafter's model (counted; tokens per call recorded)
     draft_logits    drafter.model.compute_logits: the draft lm_head (draft vocab), or its
-                    get_top_tokens where drafts/eagle3/draft_argmax.py installed it (lm_head + argmax)
+                    get_top_tokens where drafts/eagle_family/draft_argmax.py installed it (lm_head + argmax)
     draft_sample    drafter._sample_draft_tokens: the lm_head plus the argmax (or sampling)
                     over its logits, which vLLM widens to the target's vocab (d2t)
     draft_combine   drafter.model.combine_hidden_states: EAGLE-3's fc over the aux states
@@ -321,7 +321,7 @@ def _install_drafter(timers: _Timers, drafter) -> None:
         return wrapper
 
     _wrap_attr(timers, model, "compute_logits", logits)
-    if "get_top_tokens" in vars(model):  # drafts/eagle3/draft_argmax.py: lm_head + draft-vocab argmax
+    if "get_top_tokens" in vars(model):  # drafts/eagle_family/draft_argmax.py: lm_head + draft-vocab argmax
         _wrap_attr(timers, model, "get_top_tokens", logits)
     _wrap_attr(timers, model, "combine_hidden_states",
                lambda f: _timed(timers, "draft_combine", f))

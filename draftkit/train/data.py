@@ -80,7 +80,7 @@ class BatchBuilder:
     """Sequence indices -> one padded batch; float tensors in `dtype`. With `capture` (online)
     the target computes aux [B, T, A*H] and last [B, T, H] for the batch. `loss_on="all"`
     (train.loss_on) sets loss_mask to every real token, prompt included: the model then learns
-    every position whose next tokens have harvested target states (eagle3/model.py forward).
+    every position whose next tokens have harvested target states (eagle_family/model.py forward).
     T is rounded up to `pad_multiple` (train.pad_multiple): the padding is masked out."""
 
     def __init__(self, source, dtype: torch.dtype, capture=None, loss_on: str = "assistant",

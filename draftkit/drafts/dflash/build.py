@@ -1,6 +1,6 @@
 """Where a DFlash draft starts training: `train.init_from` (a DFlash run dir = its train/best, or
 a DFlash dir), or a new draft: the EAGLE-3 draft vocabulary rule (top assistant tokens of
-prepare's counts, drafts/eagle3/build.py), lm_head = the target's rows of it, final norm = the
+prepare's counts, drafts/eagle_family/build.py), lm_head = the target's rows of it, final norm = the
 target's, mask embedding = the mask token's row, and with `draft.init_layer_from` = n the
 layers start as the target's layers n, n+1, ... (a truncated target: q/k/v/o, MLP and both
 norms copied; a Llama target has no q/k norms, those stay ones), else random.
@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from draftkit.core import config
+from draftkit.core import config, registry
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.dflash import format as fmt
 from draftkit.drafts.dflash.model import DFlashDraft
+from draftkit.drafts.eagle_family.build import load_vocab
+from draftkit.drafts.eagle_family.init_layer import resolve_layer
+from draftkit.drafts.eagle_family.target_tensors import module_tensors
+from draftkit.target.lineage import same_lineage
 
 
 def mask_token_for(tokenizer) -> int:
@@ -35,9 +39,6 @@ def build(cfg, data_runs: list[RunPaths], target) -> DFlashDraft:
     """The draft training starts from (module docstring); its block is k+1 slots."""
     if cfg.train.init_from:
         return warm_start(cfg, target.model)
-    from draftkit.drafts.eagle3.build import load_vocab
-    from draftkit.drafts.eagle3.model import module_tensors
-
     vocab = load_vocab(cfg, data_runs, target.tokenizer)
     spec = fmt.spec_from_run_config(cfg, vocab.draft_size, mask_token_for(target.tokenizer),
                                     cfg.target.hub_id or cfg.target.name)
@@ -51,8 +52,6 @@ def build(cfg, data_runs: list[RunPaths], target) -> DFlashDraft:
 @torch.no_grad()
 def init_layers_from_target(model: DFlashDraft, target_model, start: int) -> None:
     """Draft layer i <- target layer start+i (negative start counts from the end)."""
-    from draftkit.drafts.eagle3.init_layer import resolve_layer
-
     layers = getattr(target_model, "model", target_model).layers
     first = resolve_layer(start, len(layers))
     if first + len(model.layers) > len(layers):
@@ -74,8 +73,6 @@ def warm_start(cfg, target_model) -> DFlashDraft:
     src = given.train / "best" if given.config.is_file() else given.root
     model = DFlashDraft.from_pretrained(src, target_model, cfg.train.ttt_decay)
     got, d = model.spec, cfg.draft
-    from draftkit.core import registry
-
     want = {"taps (draft.aux_layer_ids)": registry.aux_layer_ids(cfg),
             "draft.num_layers": d.num_layers or fmt.DEFAULT_LAYERS,
             "hidden size": cfg.target.hidden_size}
@@ -85,8 +82,6 @@ def warm_start(cfg, target_model) -> DFlashDraft:
     if d.draft_vocab_size not in (0, got.draft_vocab_size):
         diff.append(f"draft vocab {got.draft_vocab_size} there, {d.draft_vocab_size} here")
     if got.target_name and got.target_name != cfg.target.name:
-        from draftkit.target.lineage import same_lineage
-
         diff += [f"target {got.target_name!r} there, {cfg.target.name!r} here: {p}"
                  for p in same_lineage(got.target_name, cfg.target.name)]
     if diff:

@@ -4,7 +4,7 @@
 Reads `<run>/train/best` (DFlashDraft.save_pretrained), checks it against the run (target
 shapes, taps, k = the block the draft was trained for) and writes atomically: config.json,
 model.safetensors, mask_embedding.pt, speculative_config.json, README.md and meta.json. The
-verifier is named by hub id or registry name (drafts/eagle3/export.portable): no local path.
+verifier is named by hub id or registry name (drafts/eagle_family/export.portable): no local path.
 """
 
 from __future__ import annotations

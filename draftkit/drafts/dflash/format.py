@@ -25,13 +25,16 @@ v1/spec_decode/llm_base_proposer.py, v1/worker/gpu/spec_decode/eagle/eagle3_util
 from __future__ import annotations
 
 import dataclasses
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from draftkit.core import registry
+from draftkit.core import artifacts, registry
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.eagle_family.format import rope_parameters as eagle3_rope
+from draftkit.drafts.eagle_family.vocab import validate
 
 FORMAT_VERSION = 1
 ARCHITECTURE = "DFlashDraftModel"
@@ -121,9 +124,7 @@ def with_k(spec: DFlashSpec, k: int) -> DFlashSpec:
 
 
 def rope_parameters(spec: DFlashSpec) -> dict:
-    """transformers-5 `rope_parameters` (also what drafts/eagle3/layer.Rotary builds from)."""
-    from draftkit.drafts.eagle3.format import rope_parameters as eagle3_rope
-
+    """transformers-5 `rope_parameters` (also what drafts/eagle_family/layer.Rotary builds from)."""
     return eagle3_rope(spec)
 
 
@@ -221,8 +222,6 @@ def expected_shapes(spec: DFlashSpec) -> dict[str, tuple[int, ...]]:
 
 def check_state_dict(spec: DFlashSpec, tensors: dict[str, torch.Tensor]) -> None:
     """Refuse what vLLM would load wrongly: a missing d2t, stray or missing tensors, shapes."""
-    from draftkit.drafts.eagle3.vocab import validate
-
     if not 0 <= spec.mask_token_id < spec.target_vocab_size:
         raise DraftkitError(f"mask_token_id={spec.mask_token_id} is outside the target vocab "
                             f"(0..{spec.target_vocab_size - 1})")
@@ -243,10 +242,6 @@ def check_state_dict(spec: DFlashSpec, tensors: dict[str, torch.Tensor]) -> None
 
 def write_mask_embedding(path: Path, mask_token_id: int, embedding: torch.Tensor) -> None:
     """mask_embedding.pt as vLLM's `_read_mask_embedding` reads it (atomic write)."""
-    import io
-
-    from draftkit.core import artifacts
-
     buf = io.BytesIO()
     torch.save({"mask_token_id": int(mask_token_id),
                 "embedding": embedding.detach().float().cpu().reshape(-1).clone()}, buf)

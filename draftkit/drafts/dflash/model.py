@@ -17,7 +17,7 @@ one pass: T blocks of k+1 query slots, each block attending to the context keys 
 ones) and to its own slots only. In the shared index convention of the kinds (drafts/kind.py
 step_logits), step j = slot j+1 at index t drafts x_{t+2+j}, the verifier's distribution for
 it coming from last[t+1+j]: the same targets, masks, loss (KL to the verifier over the draft
-vocab, weight ttt_decay**j), metrics and simulated AL as EAGLE-3 (drafts/eagle3/losses.py).
+vocab, weight ttt_decay**j), metrics and simulated AL as EAGLE-3 (drafts/eagle_family/losses.py).
 Worked example, k=3, index t=1: block [x_2, M, M, M] at positions 2..5 over c_0, c_1;
 slot 1 predicts x_3 (verifier last[2]), slot 2 x_4 (last[3]), slot 3 x_5 (last[4]).
 Departures from the DFlash paper: blocks at every anchor (not a random sample of them), the
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save
 from torch import nn
 
 from draftkit.core import artifacts
@@ -40,12 +41,14 @@ from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import acceptance
 from draftkit.drafts.dflash import format as fmt
-from draftkit.drafts.eagle3 import losses
-from draftkit.drafts.eagle3.layer import MLP, Attention, RMSNorm, Rotary, apply_rope, rms_norm
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family import losses
+from draftkit.drafts.eagle_family.layer import MLP, Attention, RMSNorm, Rotary, apply_rope, rms_norm
+from draftkit.drafts.eagle_family.target_tensors import module_tensors, read_target_tensors
+from draftkit.drafts.eagle_family.vocab import DraftVocab
+from draftkit.target.load import target_dir
 
 _TRAIN = TrainConfig()
-ROW_MULTIPLE = 64  # matmul rows rounded up (bounded oneDNN shape caches, as drafts/eagle3)
+ROW_MULTIPLE = 64  # matmul rows rounded up (bounded oneDNN shape caches, as eagle_family/model.py)
 
 
 class DFlashLayer(nn.Module):
@@ -290,8 +293,6 @@ class DFlashDraft(nn.Module):
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """config.json, model.safetensors and mask_embedding.pt (each written atomically)."""
-        from safetensors.torch import save
-
         directory = Path(directory)
         tensors = self.export_state_dict()
         fmt.check_state_dict(self.spec, tensors)
@@ -308,10 +309,6 @@ class DFlashDraft(nn.Module):
                         ttt_decay: float = _TRAIN.ttt_decay) -> DFlashDraft:
         """A DFlash dir (format.py); the embedding and verifier parts from `target_model`, or
         from the target the config names."""
-        from safetensors.torch import load_file
-
-        from draftkit.drafts.eagle3.model import module_tensors, read_target_tensors
-
         directory = Path(directory)
         if not (directory / fmt.CONFIG_FILE).is_file() or \
                 not (directory / fmt.WEIGHTS_FILE).is_file():
@@ -334,8 +331,6 @@ class DFlashDraft(nn.Module):
 
 
 def _target_dir(spec: fmt.DFlashSpec) -> Path:
-    from draftkit.target.load import target_dir
-
     name = spec.target_name or spec.verifier_name_or_path
     if not name:
         raise DraftkitError("the DFlash config names no target; pass target_model=")

@@ -6,22 +6,22 @@ loads (every tensor and shape, `d2t` for a reduced vocab, every norm flag writte
 atomically: config.json, model.safetensors, speculative_config.json, README.md (serving
 snippets for vLLM, NeMo-RL and verl) and meta.json. `embed_tokens` is never exported: vLLM
 then shares the target's embedding, which the draft was trained against (a frozen copy).
-The verifier is named by its hub id where one is known, else by its registry or directory name
-(`portable`), so the dir holds no path of the machine that wrote it.
+The checks against the run and the portable verifier name are the EAGLE family's
+(drafts/eagle_family/export.py), shared with P-EAGLE's export.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, provenance, registry
+from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.eagle3 import format as fmt
-from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
+from draftkit.drafts.eagle_family import format as fmt
+from draftkit.drafts.eagle_family.export import _target_ref, check_against_run, portable
+from draftkit.drafts.eagle_family.model import CONFIG_FILE, WEIGHTS_FILE
 from draftkit.drafts.export_files import read_json, serving_snippets
 
 # serving/drafter_swap.py's worker extension, named for the README (drafts never import serving)
@@ -62,45 +62,11 @@ def load_checkpoint(best: Path, run_dir: Path) -> tuple[fmt.DraftSpec, dict]:
     return spec, load_file(str(best / WEIGHTS_FILE))
 
 
-def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
-    """The checkpoint must belong to the run's target; each mismatch names the fix."""
-    t = cfg.target
-    aux = registry.aux_layer_ids(cfg)
-    problems = []
-    if spec.target_hidden_size != t.hidden_size or spec.hidden_size != t.hidden_size:
-        problems.append(f"hidden size {spec.hidden_size}/{spec.target_hidden_size} != target "
-                        f"{t.hidden_size}")
-    if spec.target_vocab_size != t.vocab_size:
-        problems.append(f"target vocab {spec.target_vocab_size} != {t.vocab_size}")
-    if spec.aux_layer_ids != aux:
-        problems.append(f"aux layer ids {spec.aux_layer_ids} != run's {aux}")
-    if any(not 0 <= i <= t.num_hidden_layers for i in spec.aux_layer_ids):
-        problems.append(f"aux layer ids {spec.aux_layer_ids} outside [0, {t.num_hidden_layers}]")
-    if spec.family != t.family:
-        problems.append(f"decoder family {spec.family} != target family {t.family}")
-    if cfg.draft.draft_vocab_size and spec.draft_vocab_size != cfg.draft.draft_vocab_size:
-        problems.append(f"draft vocab {spec.draft_vocab_size} != draft.draft_vocab_size="
-                        f"{cfg.draft.draft_vocab_size}")
-    if problems:
-        raise DraftkitError(f"the checkpoint does not fit the run's target {t.name}: "
-                            f"{'; '.join(problems)}. Retrain with `draftkit train RUN` after "
-                            "fixing the run config, or export the run it was trained in.")
-
-
 def _run_speculative_config(spec: fmt.DraftSpec, cfg, model: str = ".") -> dict:
     """`speculative_config` of this head under the run's draft.draft_sample_method, `model` as given
     (asked of the run's kind)."""
     return kinds.of(cfg).speculative_config(model, spec.num_speculative_tokens,
                                             cfg.draft.draft_sample_method)
-
-
-def portable(spec: fmt.DraftSpec, cfg) -> fmt.DraftSpec:
-    """The spec with no local path: the verifier by hub id where known (smollm2-135m ->
-    HuggingFaceTB/SmolLM2-135M-Instruct), else its registry name or directory name."""
-    info = registry.lookup(cfg.target.name)
-    name = info.name if info is not None else Path(cfg.target.name).name
-    verifier = cfg.target.hub_id or (info.hub_id if info is not None else "") or name
-    return dataclasses.replace(spec, verifier_name_or_path=verifier, target_name=name)
 
 
 def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -> None:
@@ -111,10 +77,6 @@ def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -
     artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec))
     artifacts.write_json_atomic(tmp / "speculative_config.json", _run_speculative_config(spec, cfg))
     artifacts.write_text_atomic(tmp / "README.md", readme(out.name, spec, cfg))
-
-
-def _target_ref(spec: fmt.DraftSpec) -> str:
-    return spec.verifier_name_or_path or spec.target_name
 
 
 def readme(name: str, spec: fmt.DraftSpec, cfg) -> str:

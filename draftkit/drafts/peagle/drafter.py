@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3.drafter import Eagle3Drafter
+from draftkit.drafts.eagle_family.drafter import Eagle3Drafter
 
 
 class PEagleDrafter(Eagle3Drafter):

@@ -3,7 +3,8 @@
 
 The EAGLE-3 export (drafts/eagle3/export.py) with the P-EAGLE config (format.py: type
 "peagle", mask_token_id) and the `mask_hidden` tensor; the same checks against the run's target
-(check_against_run), the same relocatable verifier name (portable), no `embed_tokens` (vLLM
+(check_against_run), the same relocatable verifier name (portable; both the EAGLE family's,
+drafts/eagle_family/export.py), no `embed_tokens` (vLLM
 shares the target's, whose row `mask_token_id` embeds every parallel slot).
 """
 
@@ -16,9 +17,9 @@ from pathlib import Path
 from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.eagle3 import format as eagle3_fmt
-from draftkit.drafts.eagle3.export import _target_ref, check_against_run, portable
-from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE
+from draftkit.drafts.eagle_family import format as eagle3_fmt
+from draftkit.drafts.eagle_family.export import _target_ref, check_against_run, portable
+from draftkit.drafts.eagle_family.model import CONFIG_FILE, WEIGHTS_FILE
 from draftkit.drafts.export_files import read_json, serving_snippets
 from draftkit.drafts.peagle import format as fmt
 

@@ -1,7 +1,7 @@
 """The speculators P-EAGLE checkpoint: an EAGLE-3 config.json plus what parallel drafting needs.
 
 vLLM 0.32 reads it (transformers_utils/configs/speculators/algos.py `update_peagle`,
-models/llama_eagle3.py) as the EAGLE-3 format of drafts/eagle3/format.py with:
+models/llama_eagle3.py) as the EAGLE-3 format of drafts/eagle_family/format.py with:
 - `speculators_model_type: "peagle"` -> architecture Peagle{Llama,Qwen3}ForCausalLM (vLLM's
   Eagle3 classes) and, where vLLM reads the speculators config itself, `method: eagle3,
   parallel_drafting: true`;
@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3 import format as eagle3_fmt
-from draftkit.drafts.eagle3.format import DraftSpec
+from draftkit.drafts.eagle_family import format as eagle3_fmt
+from draftkit.drafts.eagle_family.format import DraftSpec
 
 TYPE = "peagle"
 MASK_HIDDEN = "mask_hidden"
@@ -57,7 +57,7 @@ def from_config(conf: dict) -> tuple[DraftSpec, int | None]:
 
 def check_state_dict(spec: DraftSpec, tensors: dict[str, torch.Tensor],
                      mask_token_id: int | None) -> None:
-    """The EAGLE-3 checks (drafts/eagle3/format.py) plus `mask_hidden` [A*Ht] and a mask token
+    """The EAGLE-3 checks (drafts/eagle_family/format.py) plus `mask_hidden` [A*Ht] and a mask token
     inside the target vocab."""
     width = spec.num_aux * spec.target_hidden_size
     mask = tensors.get(MASK_HIDDEN)

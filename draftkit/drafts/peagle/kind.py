@@ -1,7 +1,8 @@
 """The P-EAGLE head as a draft kind (drafts/kind.py): an EAGLE-3 head whose one forward drafts
 all k tokens (model.py), served by vLLM 0.32 as `method: eagle3, parallel_drafting: true` from
-a speculators `peagle` dir. Everything but the parallel slots is the EAGLE-3 kind's: the same
-harvest (aux + last), vocab, decoder layer, loss and refresh features, so it subclasses it.
+a speculators `peagle` dir. Everything but the parallel slots is EAGLE-3's: the same harvest
+(aux + last), vocab, decoder layer, loss and refresh features, so it subclasses the EAGLE
+family's kind base (drafts/eagle_family/kind_base.py), as the EAGLE-3 kind does.
 Its speculative config is EAGLE-3's with `parallel_drafting`; eval rows read `method` "peagle"
 beside "eagle3". After an in-place reload in vLLM, `after_load` recomputes the mask slots' cached
 hidden state (vLLM derives it from `mask_hidden` once, at load).
@@ -14,8 +15,8 @@ from pathlib import Path
 import torch
 
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3 import format as eagle3_fmt
-from draftkit.drafts.eagle3.kind import Eagle3Kind
+from draftkit.drafts.eagle_family import format as eagle3_fmt
+from draftkit.drafts.eagle_family.kind_base import EagleFamilyKind
 from draftkit.drafts.kind import device_of, register
 from draftkit.drafts.peagle import format as fmt
 from draftkit.drafts.peagle.build import build
@@ -24,7 +25,7 @@ from draftkit.drafts.peagle.export import export_run, write_files
 from draftkit.drafts.peagle.model import PEagleDraft
 
 
-class PEagleKind(Eagle3Kind):
+class PEagleKind(EagleFamilyKind):
     name, method = "peagle", "peagle"
 
     # ----------------------------------------------------------------- init, train

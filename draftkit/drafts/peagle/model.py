@@ -1,4 +1,4 @@
-"""P-EAGLE head: an EAGLE-3 head (drafts/eagle3) whose ONE forward drafts all k tokens.
+"""P-EAGLE head: an EAGLE-3 head (drafts/eagle_family/model.py) whose ONE forward drafts all k tokens.
 
 What vLLM 0.32 runs (v1/spec_decode/llm_base_proposer.py with `parallel_drafting`, the
 `copy_and_expand_eagle_inputs` kernel, utils/cpu_triton_utils.py on the CPU): the target has
@@ -37,11 +37,11 @@ from draftkit.core import artifacts
 from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import acceptance
-from draftkit.drafts.eagle3 import format as eagle3_fmt
-from draftkit.drafts.eagle3.format import DraftSpec
-from draftkit.drafts.eagle3.layer import ttt_mask
-from draftkit.drafts.eagle3.model import CONFIG_FILE, WEIGHTS_FILE, Eagle3Draft
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family import format as eagle3_fmt
+from draftkit.drafts.eagle_family.format import DraftSpec
+from draftkit.drafts.eagle_family.layer import ttt_mask
+from draftkit.drafts.eagle_family.model import CONFIG_FILE, WEIGHTS_FILE, Eagle3Draft
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.drafts.peagle import format as fmt
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftkit.drafts.eagle3.format import DraftSpec, rope_parameters
+from draftkit.drafts.eagle_family.format import DraftSpec, rope_parameters
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ and the winner is mapped: target_id = i + d2t[i].
 
 Lossless: the same ids as the widened argmax, ties included (`target_ids`, asserted bit-exact
 in tests/test_draft_argmax.py). torch's argmax returns the *first* maximal index (NaN counts as
-the maximum). d2t from draftkit (drafts/eagle3/vocab.py) maps draft id i to the i-th selected
+the maximum). d2t from draftkit (drafts/eagle_family/vocab.py) maps draft id i to the i-th selected
 target id in ascending order, so the first maximum in draft order is the first in target order.
 The one row where the two differ is all -inf: the widened row is -inf everywhere and its argmax
 is target id 0, so that row gets 0. A d2t that is not ascending (another tool's export) takes
@@ -47,7 +47,7 @@ import types
 
 import torch
 
-log = logging.getLogger("draftkit.drafts.eagle3.draft_argmax")
+log = logging.getLogger("draftkit.drafts.eagle_family.draft_argmax")
 
 MARK = "_draftkit_draft_argmax"  # set on the wrapped EagleProposer.load_model
 CALLS = "draftkit_argmax_calls"  # counter on the draft model: how often `top_tokens` ran

@@ -26,7 +26,7 @@ import torch
 
 from draftkit.core import registry
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle3.vocab import validate
+from draftkit.drafts.eagle_family.vocab import validate
 
 FORMAT_VERSION = 1
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")

@@ -26,7 +26,6 @@ layer (init_layer.py).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -38,10 +37,10 @@ from draftkit.core.batching import pad_rows
 from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import acceptance
-from draftkit.drafts.eagle3 import format as fmt
-from draftkit.drafts.eagle3 import init_layer, losses
-from draftkit.drafts.eagle3.format import DraftSpec
-from draftkit.drafts.eagle3.layer import (
+from draftkit.drafts.eagle_family import format as fmt
+from draftkit.drafts.eagle_family import init_layer, losses
+from draftkit.drafts.eagle_family.format import DraftSpec
+from draftkit.drafts.eagle_family.layer import (
     Eagle3Layer,
     RMSNorm,
     Rotary,
@@ -49,7 +48,8 @@ from draftkit.drafts.eagle3.layer import (
     rms_norm,
     ttt_mask,
 )
-from draftkit.drafts.eagle3.vocab import DraftVocab
+from draftkit.drafts.eagle_family.target_tensors import module_tensors, read_target_tensors
+from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.target.load import run_target_dir, target_dir
 
 CONFIG_FILE = "config.json"
@@ -373,42 +373,6 @@ def add_feature_noise(aux: torch.Tensor, std: float, num_aux: int) -> torch.Tens
     x = aux.float().unflatten(-1, (num_aux, -1))  # [B, T, A, Ht]
     rms = x.pow(2).mean(-1, keepdim=True).sqrt()  # [B, T, A, 1]
     return (x + torch.randn_like(x) * (rms * std)).flatten(-2).to(aux.dtype)
-
-
-def module_tensors(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(embed [V,H], final norm [H], lm_head [V,H]) of a loaded HF *ForCausalLM."""
-    base = getattr(model, "model", model)
-    return base.embed_tokens.weight, base.norm.weight, model.lm_head.weight
-
-
-def read_target_tensors(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The same three tensors read straight from an HF dir's safetensors (tied lm_head ->
-    the embedding)."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        where = {k: path / f for k, f in json.loads(index.read_text())["weight_map"].items()}
-    else:
-        files = sorted(path.glob("*.safetensors"))
-        where = {}
-        for f in files:
-            with safe_open(str(f), "pt") as sf:
-                where.update({k: f for k in sf.keys()})
-    names = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
-             "lm_head": "lm_head.weight"}
-    if names["embed"] not in where or names["norm"] not in where:
-        raise DraftkitError(f"{path} holds no model.embed_tokens/model.norm weights; pass a "
-                            "plain HF *ForCausalLM dir as the target")
-
-    def get(name: str) -> torch.Tensor:
-        with safe_open(str(where[name]), "pt") as sf:
-            return sf.get_tensor(name).float()
-
-    embed = get(names["embed"])
-    lm_head = get(names["lm_head"]) if names["lm_head"] in where else embed
-    return embed, get(names["norm"]), lm_head
 
 
 def _target_path(spec: DraftSpec) -> Path:
