@@ -16,7 +16,7 @@ from draftkit import api
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.draft_lm.losses import metrics
+from draftkit.drafts.lm_family.losses import metrics
 
 
 class Bigram(nn.Module):

@@ -17,8 +17,8 @@ from draftkit import api
 from draftkit.core import artifacts
 from draftkit.core.config import ConfigError
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.draft_lm import build, losses
-from draftkit.drafts.draft_lm.model import DraftLM
+from draftkit.drafts.lm_family import build, losses
+from draftkit.drafts.lm_family.model import DraftLM
 from draftkit.init.stage import resolve
 
 # ----------------------------------------------------------------------------- init modes

@@ -13,8 +13,8 @@ from _runs import one_thread, save_best
 
 from draftkit.core import artifacts, config
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.draft_lm import build
-from draftkit.drafts.draft_lm.model import DraftLM
+from draftkit.drafts.lm_family import build
+from draftkit.drafts.lm_family.model import DraftLM
 from draftkit.init.stage import init_run
 
 K = 3

@@ -25,8 +25,8 @@ from _runs import (
 
 from draftkit.core import config
 from draftkit.drafts import acceptance
-from draftkit.drafts.draft_lm import build
-from draftkit.drafts.draft_lm.model import DraftLM
+from draftkit.drafts.lm_family import build
+from draftkit.drafts.lm_family.model import DraftLM
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
 

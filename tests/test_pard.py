@@ -16,8 +16,8 @@ from draftkit import api
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.draft_lm import build as lm_build
-from draftkit.drafts.draft_lm.model import DraftLM
+from draftkit.drafts.lm_family import build as lm_build
+from draftkit.drafts.lm_family.model import DraftLM
 from draftkit.drafts.pard import layout
 from draftkit.drafts.pard.build import build_pard, choose_mask_token
 from draftkit.drafts.pard.drafter import PardDrafter

@@ -22,7 +22,7 @@ from _runs import assert_al_matches_replay, chat_prompts, fit, greedy_batch, mak
 from draftkit.core import config
 from draftkit.drafts import acceptance
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.draft_lm import build
+from draftkit.drafts.lm_family import build
 from draftkit.drafts.pard.build import choose_mask_token
 from draftkit.drafts.pard.drafter import PardDrafter
 from draftkit.drafts.pard.model import PardLM

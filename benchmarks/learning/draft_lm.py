@@ -26,7 +26,7 @@ from draftkit.core import artifacts, config, hardware, registry
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
-from draftkit.drafts.draft_lm.build import resolve_init
+from draftkit.drafts.lm_family.build import resolve_init
 from draftkit.eval.stage import measure_grid
 
 METHODS = ("ngram", "eagle3", "draft_model")

@@ -7,8 +7,9 @@ Reads `<run>/train/best` (the trainer's `DraftLM.save_pretrained`: the LM alone,
 parts), checks its vocabulary against the run's target and writes atomically: config.json,
 generation_config.json, model.safetensors (in the target's stored dtype), the TARGET's tokenizer
 (the draft has no other), speculative_config.json, README.md (vllm serve, LLM(...), NeMo-RL,
-verl) and meta.json. The parity check is export/stage.py's, after this: the export served in vLLM
-at T=0 on the run's eval prompts, vLLM's AL beside the training-time simulated AL (check.json).
+verl) and meta.json; the files are the LM family's (drafts/lm_family/export.py). The parity
+check is export/stage.py's, after this: the export served in vLLM at T=0 on the run's eval
+prompts, vLLM's AL beside the training-time simulated AL (check.json).
 """
 
 from __future__ import annotations
@@ -17,27 +18,17 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
-from draftkit.core import artifacts, provenance, registry
+from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts import kind as kinds
-from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
-from draftkit.drafts.export_files import serving_snippets
+from draftkit.drafts.lm_family.build import check_tokenizers, load_lm
+from draftkit.drafts.lm_family.export import (
+    num_params,
+    run_speculative_config,
+    stored_dtype,
+    target_ref,
+    write_files,
+)
 from draftkit.target.load import run_target_dir
-
-
-def target_ref(cfg) -> str:
-    """What a user passes to vLLM as the target: the hub id, else the local dir."""
-    return cfg.target.hub_id if cfg.target.source == registry.SOURCE_HUB else \
-        str(run_target_dir(cfg.target))
-
-
-def stored_dtype(path: Path) -> torch.dtype:
-    """The dtype of the target's checkpoint (config.json), float32 when unknown."""
-    conf = json.loads((path / "config.json").read_text())
-    name = conf.get("dtype") or conf.get("torch_dtype") or "float32"
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
 
 
 def export_run(run) -> Path:
@@ -67,45 +58,3 @@ def export_run(run) -> Path:
     print(f"exported {out}\n  vllm serve {target_ref(cfg)} --speculative-config "
           f"'{json.dumps(run_speculative_config(cfg, str(out)))}'")
     return out
-
-
-def write_files(tmp: Path, final: Path, lm, tokenizer, cfg) -> None:
-    """The export dir's files (meta.json aside) into `tmp`, naming `final` where it will live."""
-    lm.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    artifacts.write_json_atomic(tmp / "speculative_config.json", run_speculative_config(cfg))
-    artifacts.write_text_atomic(tmp / "README.md", readme(final, cfg, lm))
-
-
-def run_speculative_config(cfg, model: str = ".") -> dict:
-    """vLLM's speculative_config of the run's draft LM (asked of its kind), `model` as given."""
-    d = cfg.draft
-    return kinds.of(cfg).speculative_config(model, d.num_speculative_tokens, d.draft_sample_method)
-
-
-def num_params(lm: torch.nn.Module) -> int:
-    return sum(p.numel() for p in lm.parameters())  # tied embedding/lm_head counted once
-
-
-def readme(out: Path, cfg, lm) -> str:
-    sc = json.dumps(run_speculative_config(cfg, f"/path/to/{out.name}"))
-    target = target_ref(cfg)
-    d = cfg.draft
-    origin = {"sibling": f"started from {d.model}",
-              "truncate": f"started as the target's first {d.num_layers} layers",
-              "scratch": f"started from random weights ({d.num_layers} layers)"}.get(d.init, "")
-    return f"""# Draft LM for {cfg.target.name}
-
-A {lm.config.num_hidden_layers}-layer {lm.config.architectures[0]} ({num_params(lm) / 1e6:.1f}M
-parameters) that shares the target's tokenizer, distilled from the target by draftkit run
-`{cfg.name}` (KL(target || draft) over the full vocabulary; {origin}). vLLM runs it as a
-separate draft model (`method: draft_model`): it needs no target hidden states, and any engine
-with draft-model speculation serves it. Serve it with the target it was distilled from:
-`{target}`.
-
-{serving_snippets(target, sc)}
-Acceptance falls as the policy drifts from the weights the draft was distilled from: measure
-it with `draftkit drift RUN --policy CKPT --rollouts ROLLOUTS.jsonl` and refresh it with
-`draftkit refresh RUN ...` or `draftkit watch RUN ...` (RUN: the run dir of `{cfg.name}`);
-`train.init_from=RUN` fine-tunes from this draft by hand.
-"""

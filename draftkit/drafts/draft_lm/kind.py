@@ -3,7 +3,9 @@ target's tokenizer, served by vLLM as `method: draft_model` from a plain HF dir.
 needs: only the target's last pre-norm state (draft.aux_layer_ids = [N]), the distillation
 target. Refresh: `load` wraps the published LM with the policy's final norm and lm_head,
 `features` gives {"last"}, `step_logits` are the LM's own logits teacher-forced (draft id =
-target id), `engine_view` the HF names vLLM holds once q/k/v and gate/up are fused.
+target id), `engine_view` the HF names vLLM holds once q/k/v and gate/up are fused. What PARD
+shares with it (init, checks, speculative config, load, features, engine view) is the LM
+family's (drafts/lm_family/kind_base.py); here: its build, export, drafter and step logits.
 """
 
 from __future__ import annotations
@@ -12,48 +14,21 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core.errors import DraftkitError
 from draftkit.drafts.acceptance import shift
-from draftkit.drafts.draft_lm.build import build_draft_lm, describe_init, load_lm, resolve_init
+from draftkit.drafts.draft_lm.build import build_draft_lm
 from draftkit.drafts.draft_lm.drafter import HFDraftLM
-from draftkit.drafts.draft_lm.export import export_run, write_files
-from draftkit.drafts.draft_lm.model import DraftLM
-from draftkit.drafts.kind import (
-    SERVED_TARGET_DIFFERS,
-    KindDefaults,
-    device_of,
-    draft_sampling,
-    fuse_projections,
-    register,
-)
-from draftkit.target.capture import capture
+from draftkit.drafts.draft_lm.export import export_run
+from draftkit.drafts.kind import register
+from draftkit.drafts.lm_family.export import write_files
+from draftkit.drafts.lm_family.kind_base import LMFamilyKind
+from draftkit.drafts.lm_family.model import DraftLM
 from draftkit.target.load import run_target_dir
 
 
-class DraftLMKind(KindDefaults):
+class DraftLMKind(LMFamilyKind):
     name, method = "draft-lm", "draft_model"
-    likely_causes = ("the draft's tokenizer or vocab differs from the target's",
-                     SERVED_TARGET_DIFFERS)
-    model_cls = DraftLM  # what `load` wraps the published LM in (PARD: PardLM)
 
     # ----------------------------------------------------------------- init, train
-
-    def resolve(self, cfg, info) -> None:
-        if not cfg.draft.aux_layer_ids:  # the last state (id N) only: harvest no more
-            cfg.draft.aux_layer_ids = [info.num_hidden_layers]
-        resolve_init(cfg, info)  # sibling | truncate | scratch, checked against the target
-
-    def describe(self, cfg) -> str | None:
-        return describe_init(cfg)
-
-    def check_train(self, cfg) -> None:
-        if cfg.train.feature_noise:
-            raise DraftkitError("train.feature_noise is for EAGLE-3 heads (noise on the "
-                                "target's features); set train.feature_noise=0 for "
-                                f"draft.kind={self.name}")
-        if cfg.train.freeze_head:
-            raise DraftkitError("train.freeze_head fixes an EAGLE-3 head's norm and lm_head; "
-                                f"set train.freeze_head=false for draft.kind={self.name}")
 
     def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
         return build_draft_lm(cfg, target)
@@ -63,41 +38,10 @@ class DraftLMKind(KindDefaults):
     def export_run(self, run) -> Path:
         return export_run(run)
 
-    def speculative_config(self, directory: str | Path, k: int | None,
-                           sample: str = "greedy") -> dict:
-        return {"method": "draft_model", "model": str(directory), "num_speculative_tokens": k,
-                **draft_sampling(sample)}
-
-    def export_shapes(self, conf: dict, cfg) -> dict[str, tuple]:
-        return {"vocab": (conf.get("vocab_size"), cfg.target.vocab_size)}
-
-    def load_export(self, directory: Path, target_model) -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(directory)
-
     def reference_drafter(self, draft, target):
         return HFDraftLM(draft)
 
-    def aux_layer_ids(self, draft) -> list[int] | None:
-        return None  # the target's plain logits suffice
-
     # ----------------------------------------------------------------- refresh
-
-    def load(self, directory: Path, policy_model, k: int) -> DraftLM:
-        lm, _ = load_lm(Path(directory))
-        base = getattr(policy_model, "model", policy_model)
-        return self.model_cls(lm, base.norm.weight, policy_model.lm_head.weight,
-                              float(policy_model.config.rms_norm_eps), k).float().to(
-                                  device_of(policy_model))
-
-    def features(self, model, policy_model, input_ids: torch.Tensor,
-                 attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        device = device_of(policy_model)
-        n = policy_model.config.num_hidden_layers
-        _, last = capture(policy_model, input_ids.to(device), [n],
-                          attention_mask=attention_mask.to(device))
-        return {"last": last.float()}  # [B, T, H]
 
     def step_logits(self, model: DraftLM, batch: dict) -> tuple[list[torch.Tensor], torch.Tensor]:
         logits = model.lm(input_ids=batch["input_ids"],
@@ -112,13 +56,6 @@ class DraftLMKind(KindDefaults):
 
 
         write_files(tmp, final, model.lm, AutoTokenizer.from_pretrained(run_target_dir(cfg.target)), cfg)
-
-    def engine_view(self, directory: Path) -> dict[str, torch.Tensor]:
-        """HF names are vLLM's for a plain *ForCausalLM draft once q/k/v and gate/up are
-        fused; a tied lm_head is not stored (vLLM ties it to the embedding)."""
-        from safetensors.torch import load_file
-
-        return fuse_projections(load_file(str(Path(directory) / "model.safetensors")))
 
 
 KIND = register(DraftLMKind())

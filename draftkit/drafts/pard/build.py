@@ -1,6 +1,6 @@
 """Where a PARD draft starts, and its mask token.
 
-The LM starts where a draft-lm run's does (drafts/draft_lm/build.py: draft.init sibling |
+The LM starts where a draft-lm run's does (drafts/lm_family/build.py: draft.init sibling |
 truncate | scratch, or train.init_from = a trained draft-lm or PARD run/export: the warm start).
 The mask token (`pard_token`, which vLLM reads from the draft's config.json) must be an id of the
 target's vocabulary, since vLLM needs draft vocab == target vocab, and must never be a real
@@ -18,7 +18,7 @@ data is checked for it at every step (PardLM.packed_hidden): a real occurrence i
 from __future__ import annotations
 
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.draft_lm.build import build_lm
+from draftkit.drafts.lm_family.build import build_lm
 from draftkit.drafts.pard.model import PardLM
 
 
@@ -51,7 +51,7 @@ def _eos_ids(model) -> list[int]:
 
 
 def build_pard(cfg, target):
-    """The trainable `PardLM` of a run: draft_lm's `build_lm`, a mask token, the target's
+    """The trainable `PardLM` of a run: the LM family's `build_lm`, a mask token, the target's
     norm/lm_head."""
     lm = build_lm(cfg, target)
     if getattr(lm.config, "pard_token", None) is None:

@@ -1,4 +1,4 @@
-"""`draftkit export` for a PARD draft: the draft-lm export (drafts/draft_lm/export.py: a plain HF
+"""`draftkit export` for a PARD draft: the draft-lm export (drafts/lm_family/export.py: a plain HF
 dir with the target's tokenizer) whose config.json names `pard_token` and whose
 speculative_config.json says `"parallel_drafting": true`, which vLLM 0.32 needs to run a
 `draft_model` draft as PARD (it does not infer it from the config).
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.draft_lm import export as lm_export
-from draftkit.drafts.draft_lm.build import check_tokenizers, load_lm
+from draftkit.drafts.lm_family import export as lm_export
+from draftkit.drafts.lm_family.build import check_tokenizers, load_lm
 from draftkit.drafts.export_files import serving_snippets
 from draftkit.target.load import run_target_dir
 

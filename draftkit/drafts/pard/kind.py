@@ -4,7 +4,8 @@ vLLM 0.32 serves it as `method: draft_model` with `parallel_drafting: true`, rea
 token id `pard_token` from the draft's config.json (v1/spec_decode/llm_base_proposer.py).
 
 Everything the draft-lm kind does (init modes, tokenizer checks, its harvest of the target's
-last state, the export dir, features, engine view) is reused as it is; what differs: `build`
+last state, the export dir, features, engine view) is reused as it is, from the LM family both
+subclass (drafts/lm_family/kind_base.py); what differs: `build`
 picks the mask token (build.py) and trains the packed parallel positions (layout.py, model.py),
 the export says `parallel_drafting` (export.py), the reference decoder drafts k tokens from one
 forward (drafter.py), and refresh's `step_logits` are the parallel slots, not shifted LM logits.
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.draft_lm.kind import DraftLMKind
+from draftkit.drafts.lm_family.kind_base import LMFamilyKind
 from draftkit.drafts.kind import register
 from draftkit.drafts.pard.build import build_pard
 from draftkit.drafts.pard.drafter import PardDrafter
@@ -26,9 +27,9 @@ from draftkit.drafts.pard.model import PardLM
 from draftkit.target.load import run_target_dir
 
 
-class PardKind(DraftLMKind):
+class PardKind(LMFamilyKind):
     name, method = "pard", "draft_model"
-    model_cls = PardLM  # `load` (DraftLMKind's) wraps the published LM in it
+    model_cls = PardLM  # `load` (LMFamilyKind's) wraps the published LM in it
 
     # ----------------------------------------------------------------- init, train
 
@@ -42,7 +43,7 @@ class PardKind(DraftLMKind):
         line = super().describe(cfg)
         return f"{line}; trained as PARD (k={cfg.draft.num_speculative_tokens} drafts per forward)"
 
-    # check_train: the draft-lm kind's (no feature noise, no frozen head)
+    # check_train: the LM family's (no feature noise, no frozen head)
 
     def build(self, cfg, data_runs: list, target) -> torch.nn.Module:
         return build_pard(cfg, target)
@@ -74,7 +75,7 @@ class PardKind(DraftLMKind):
     # ----------------------------------------------------------------- refresh
 
 
-    # features: the draft-lm kind's {"last"}
+    # features: the LM family's {"last"}
 
     def step_logits(self, model: PardLM, batch: dict) -> tuple[list[torch.Tensor], torch.Tensor]:
         steps = model.step_logits(batch["input_ids"], batch["attention_mask"])  # k x [B, T, V]
@@ -87,7 +88,7 @@ class PardKind(DraftLMKind):
         write_files(tmp, final, model.lm, AutoTokenizer.from_pretrained(run_target_dir(cfg.target)),
                     cfg)
 
-    # engine_view: the draft-lm kind's (HF names, fused q/k/v and gate/up)
+    # engine_view: the LM family's (HF names, fused q/k/v and gate/up)
 
 
 KIND = register(PardKind())

@@ -1,5 +1,5 @@
-"""A PARD draft LM: the draft-lm kind's `DraftLM` (same batch, same frozen target norm/lm_head,
-same distillation: drafts/draft_lm/losses.py) trained to propose all k tokens in one forward.
+"""A PARD draft LM: the LM family's `DraftLM` (same batch, same frozen target norm/lm_head,
+same distillation: drafts/lm_family/losses.py) trained to propose all k tokens in one forward.
 
 Each batch row is packed with k-1 mask slots per anchor (layout.py) and run through the LM once.
 Slot j of anchor a (j = 0 is the real token x_a itself) predicts x_{a+1+j}; its distillation
@@ -20,8 +20,8 @@ import torch
 from draftkit.core.errors import DraftkitError
 from draftkit.core.hardware import autocast_dtype
 from draftkit.drafts.acceptance import metrics_from_counts, shift
-from draftkit.drafts.draft_lm import losses
-from draftkit.drafts.draft_lm.model import DraftLM
+from draftkit.drafts.lm_family import losses
+from draftkit.drafts.lm_family.model import DraftLM
 from draftkit.drafts.pard import layout
 
 

@@ -46,7 +46,7 @@ def distill_terms(draft_logits: torch.Tensor, target_logits: torch.Tensor, label
 
 def chain_counts(correct: torch.Tensor, valid: torch.Tensor, k: int,
                  kl_sum: float) -> dict[str, float]:
-    """Counts of the teacher-forced k-draft chains (keys of eagle3.losses, so `aggregate` sums
+    """Counts of the teacher-forced k-draft chains (keys of eagle_family.losses, so `aggregate` sums
     them exactly). correct [B, T] bool (False where not valid), valid [B, T] bool."""
     out: dict[str, float] = {}
     chain_ok = torch.ones_like(valid)  # drafts < j all correct, for a chain starting at t

@@ -25,7 +25,7 @@ from torch import nn
 from draftkit.core.errors import DraftkitError
 from draftkit.core.hardware import autocast_dtype
 from draftkit.drafts.acceptance import shift
-from draftkit.drafts.draft_lm import losses
+from draftkit.drafts.lm_family import losses
 
 
 class DraftLM(nn.Module):
