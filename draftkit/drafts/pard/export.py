@@ -14,9 +14,9 @@ from pathlib import Path
 
 from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.export_files import serving_snippets
 from draftkit.drafts.lm_family import export as lm_export
 from draftkit.drafts.lm_family.build import check_tokenizers, load_lm
-from draftkit.drafts.export_files import serving_snippets
 from draftkit.target.load import run_target_dir
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.lm_family.kind_base import LMFamilyKind
 from draftkit.drafts.kind import register
+from draftkit.drafts.lm_family.kind_base import LMFamilyKind
 from draftkit.drafts.pard.build import build_pard
 from draftkit.drafts.pard.drafter import PardDrafter
 from draftkit.drafts.pard.export import export_run, write_files
