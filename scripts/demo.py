@@ -1,11 +1,15 @@
 """The main job on the embedded target: init -> prepare -> harvest -> train -> export -> eval,
-then vLLM's measured AL and speed for the trained EAGLE-3 draft next to vLLM n-gram's and
+then vLLM's measured AL and speed for the trained EAGLE-3 draft, and for a DFlash draft trained
+from the same data and harvest (the sibling run <name>-dflash), next to vLLM n-gram's and
 suffix decoding's (the methods that need no training) on the held-out eval split (k=3, T=0 and
 T=1, batch 1, 8 and 16), and on two more prompt splits at batch 16: new problems of the training
 templates (what RL sees) and hand-written ones (eval/splits.py). From those rows eval exports
 the serving choice (serving.json): per batch range the fastest method no slower than no
-speculation at either temperature (export/choice.py). Export's own vLLM check is off here: eval
-serves the export right after, in the same engines.
+speculation at either temperature (export/choice.py); the DFlash rows are measured beside it
+(eval.compare_runs), not served by it. Export's own vLLM check is off here: eval serves the
+exports right after, in the same engines. The DFlash row costs its training (the same epochs
+as the head's, on the same harvest: no second prepare or harvest) and one more eval engine:
+paid for with the batch-1 rows on 4 prompts and 96 new tokens below.
 
     make demo                       # = python scripts/demo.py --dir runs --name demo
     python scripts/demo.py --name demo train.max_steps=100   # extra key=value overrides
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -88,11 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         if not (run / config.CONFIG_NAME).exists():
             api.init("smollm2-135m", "math", name=args.name, runs_dir=args.dir,
                           overrides=overrides)
-        for stage in ("prepare", "harvest", "train", "export", "evaluate"):
-            t0 = time.perf_counter()
-            print(f"\n== draftkit {stage} {run}", flush=True)
-            result = getattr(api, stage)(run, overrides=overrides)
-            timings[stage] = time.perf_counter() - t0
+        for stage in ("prepare", "harvest", "train", "export"):
+            _stage(stage, run, overrides, timings)
+        sibling = dflash_run(run, overrides)
+        for stage in ("harvest", "train", "export"):  # its harvest: the head's, verified
+            _stage(stage, sibling, overrides, timings, "dflash_")
+        result = _stage("evaluate", run, [*overrides, f"eval.compare_runs=[{sibling}]"],
+                        timings)
     except DraftkitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -102,6 +109,33 @@ def main(argv: list[str] | None = None) -> int:
     artifacts.write_json_atomic(run / "demo-summary.json", summary)
     print("\n" + json.dumps(summary, indent=2))
     return 0
+
+
+def _stage(stage: str, run: Path, overrides: list[str], timings: dict, prefix: str = ""):
+    t0 = time.perf_counter()
+    print(f"\n== draftkit {stage} {run}", flush=True)
+    result = getattr(api, stage)(run, overrides=overrides)
+    timings[prefix + stage] = time.perf_counter() - t0
+    return result
+
+
+def dflash_run(run: Path, overrides: list[str]) -> Path:
+    """The sibling run <name>-dflash: a DFlash draft (configs/dflash-<target>.yaml) of the
+    head run's target and recipe on the demo's settings, its data a copy of the head's
+    prepared data, its harvest.dir the head's harvest (same data and taps, so the fingerprint
+    matches: harvest only verifies the head's shards)."""
+    head = config.load(run)
+    sibling = run.parent / f"{run.name}-dflash"
+    if not (sibling / config.CONFIG_NAME).exists():
+        api.init(head.target.name, head.data.recipe, kind="dflash", name=sibling.name,
+                 runs_dir=run.parent,
+                 overrides=[*overrides, f"harvest.dir={run.resolve() / 'harvest'}"])
+    if not (sibling / "data").exists():  # copied whole, then renamed: never half there
+        tmp = sibling / ".data.copy"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(run / "data", tmp)
+        tmp.rename(sibling / "data")
+    return sibling
 
 
 def demo_overrides(tier: str = "auto") -> list[str]:

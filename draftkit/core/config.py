@@ -216,6 +216,10 @@ class EvalConfig:
     # the temperature whose speed decides among the methods no slower than no speculation at
     # every eval temperature (RL samples rollouts at T=1); unmeasured: the lowest speedup over T
     choice_temperature: float = 1.0
+    # other runs with an export (e.g. a DFlash run trained from this run's harvest), measured
+    # by the same engines' grid beside this run's draft, rows named by their kind's method;
+    # reported only: the serving choice and serving.json stay this run's export's
+    compare_runs: list[str] = field(default_factory=list)
 
 
 @dataclass

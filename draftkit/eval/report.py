@@ -71,6 +71,11 @@ def markdown(rep: dict) -> str:
                   "accepted_i / drafts; speedup = tok/s over no speculation at the same T and batch. "
                   "projected = (1 + Σ a_i) · c_target / (c_verify(k) + k · c_draft), costs timed "
                   f"in torch at context {rep['costs']['context_tokens']} tokens (costs.py).", ""]
+        compared = rep["vllm"].get("compared_runs", {})
+        if compared:
+            named = ", ".join(f"`{m}` ({d})" for m, d in compared.items())
+            lines += [f"Compared beside this run's draft (eval.compare_runs; not a serving "
+                      f"candidate, no projection): {named}", ""]
         lines += _unavailable(rep["vllm"]["rows"])
         lines += _choice(rep.get("choice"))
         if "splits" in rep["vllm"]:

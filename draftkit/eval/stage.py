@@ -85,8 +85,11 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
         t = time.perf_counter()
         extra = splits.build(paths.root, cfg, cfg.eval.num_prompts,
                              tuple(s for s in cfg.eval.splits if s != splits.OWN))
-        rows, outputs, split_rows = measure_vllm(cfg, export_dir, prompts, extra)
+        compared = compared_drafts(cfg)
+        rows, outputs, split_rows = measure_vllm(cfg, export_dir, prompts, extra, compared)
         rep["vllm"] = {"rows": rows}
+        if compared:
+            rep["vllm"]["compared_runs"] = {m: str(d) for m, (_, d) in compared.items()}
         if extra:
             rep["vllm"]["splits"] = {"prompts": {s: len(p) for s, p in extra.items()},
                                      "rows": split_rows}
@@ -96,15 +99,15 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     target, draft = load_torch_models(cfg, export_dir)
     if "vllm" in rep:
         rep["costs"] = step_costs(target.model, draft, cfg, prompts)
-        add_projections([r for r in rep["vllm"]["rows"] if not r.get("unavailable")],
-                        rep["costs"])
+        add_projections([r for r in candidates(rep["vllm"]["rows"], cfg)
+                         if not r.get("unavailable")], rep["costs"])
     if cfg.eval.engine in ("reference", "both"):
         rep["reference"] = {"rows": measure_reference(cfg, target, draft, prompts)}
     timings["torch_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     rep["timings"] = timings
     if "vllm" in rep:  # the method and k to serve per batch size, from these rows
-        rep["choice"] = choice.choose(rep["vllm"]["rows"], cfg.eval.choice_margin,
+        rep["choice"] = choice.choose(candidates(rep["vllm"]["rows"], cfg), cfg.eval.choice_margin,
                                       cfg.eval.choice_temperature)
     report.write(rep, cfg, paths)
     if "choice" in rep:  # where export finds it again, and into the export it measured
@@ -208,17 +211,51 @@ def started(spec: vllm_engine.EngineSpec):
         vllm_engine.stop(llm)
 
 
-def methods(cfg) -> list[tuple[str, int | None]]:
-    draft = kinds.of(cfg).method
-    return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in (*FREE, draft)]
+def methods(cfg, compared: dict[str, tuple] | None = None) -> list[tuple[str, int | None]]:
+    drafts = [kinds.of(cfg).method, *(compared or {})]
+    return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in (*FREE, *drafts)]
 
 
-def measure_vllm(cfg, export_dir: Path, prompts, extra: dict | None = None
+def compared_drafts(cfg) -> dict[str, tuple]:
+    """eval.compare_runs as {method: (kind, export dir)}: each run's export, checked against
+    this run's target; its method must differ from this run's and from the free methods."""
+    own = kinds.of(cfg).method
+    out: dict[str, tuple] = {}
+    for other in cfg.eval.compare_runs:
+        try:
+            run = config.open_run(other)
+        except (DraftkitError, OSError) as e:
+            raise DraftkitError(f"eval.compare_runs: {other} is not a draftkit run ({e}); "
+                                "name run dirs that hold draftkit.yaml and an export") from e
+        if run.cfg.target.name != cfg.target.name:
+            raise DraftkitError(f"eval.compare_runs: {other} drafts for {run.cfg.target.name}, "
+                                f"this run's target is {cfg.target.name}; compare runs of the "
+                                "same target")
+        kind = kinds.of(run.cfg)
+        if kind.method in (own, "none", *FREE, *out):
+            raise DraftkitError(f"eval.compare_runs: {other} is a {kind.name} draft, served as "
+                                f"method {kind.method!r} like another row of this eval; compare "
+                                "drafts of another kind (evaluate same-kind runs one by one)")
+        out[kind.method] = (kind, check_export(run))
+    return out
+
+
+def candidates(rows: list[dict], cfg) -> list[dict]:
+    """The rows this run can serve (no speculation, the free methods, its own export): the
+    serving choice and the cost projections read these; eval.compare_runs' rows are reported."""
+    serve = {"none", *FREE, kinds.of(cfg).method}
+    return [r for r in rows if r["method"] in serve]
+
+
+def measure_vllm(cfg, export_dir: Path, prompts, extra: dict | None = None,
+                 compared: dict[str, tuple] | None = None
                  ) -> tuple[list[dict], dict, list[dict]]:
     """One row per (method, k, T, batch); the generated ids per row key for the lossless check;
-    rows of the `extra` prompt splits (eval.splits) at the largest batch."""
+    rows of the `extra` prompt splits (eval.splits) at the largest batch. `compared`
+    (compared_drafts): more drafts measured by the same grid."""
     kind = kinds.of(cfg)
-    return measure_grid(cfg, methods(cfg), {kind.method: (kind, export_dir)}, prompts, extra)
+    drafts = {kind.method: (kind, export_dir), **(compared or {})}
+    return measure_grid(cfg, methods(cfg, compared), drafts, prompts, extra)
 
 
 def engine_config(cfg, method: str, k: int | None, drafts: dict[str, tuple]) -> dict | None:
