@@ -1,7 +1,9 @@
 """draftkit.integrations.trl without an engine: the TRL version check at import names the fix,
 the config refuses what it cannot serve, and the engine's speculative config is the export's
-(serving.json's one-engine schedule where it serves the draft's method). The trainer end to end:
-tests/test_trl_vllm.py."""
+(serving.json's one-engine schedule where it serves the draft's method); the draft's taps
+copied out of TRL's own loss forward (TrainerTaps, on TRL's GRPOTrainer without vLLM) equal the
+features a refresh computes itself, and a refresh given them runs no policy pass over their rows.
+The trainer end to end: tests/test_trl_vllm.py."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from draftkit.core.errors import DraftkitError
 
@@ -51,3 +54,170 @@ def test_config_and_the_engine_speculative_config(tmp_path):
     other = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
     (export / "serving.json").write_text(json.dumps({"schedule": other}))
     assert draft_speculative_config(export)["method"] == "eagle3"  # a schedule of another method
+
+
+# ------------------------------------------------------------------ taps from TRL's loss forward
+
+TAPPED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+
+
+@pytest.fixture(scope="module")
+def tapped(tmp_path_factory, tiny_target):
+    """One step of TRL's own GRPOTrainer (transformers generates: no vLLM) on tiny-llama at
+    lr 0, so the weights after the step are the ones the loss forward ran, with TrainerTaps on
+    its compute_loss; the batches compute_loss got come along (TRL left-pads the prompts)."""
+    from _rl_helpers import AUX, make_run, save_policy
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from draftkit.integrations.trl import TrainerTaps
+
+    tmp = tmp_path_factory.mktemp("taps")
+    policy_dir = save_policy(tiny_target, tmp / "policy")
+    words = "apples books cookies students dollars hours".split()
+    questions = [f"{words[i % 6]} {i * 7}" + " per day" * (i % 3) + f", how many {words[i % 5]}?"
+                 for i in range(4)]  # prompts of different lengths: TRL left-pads them
+
+    def zero_reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    args = GRPOConfig(output_dir=str(tmp / "out"), use_vllm=False, use_cpu=True, bf16=False,
+                      per_device_train_batch_size=8, num_generations=2, max_completion_length=8,
+                      max_steps=1, learning_rate=0.0, logging_steps=1, report_to="none",
+                      save_strategy="no", disable_tqdm=True, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=zero_reward, args=args,
+                          processing_class=AutoTokenizer.from_pretrained(policy_dir),
+                          train_dataset=Dataset.from_dict(
+                              {"prompt": [[{"role": "user", "content": q}] for q in questions]}))
+    seen, loss = [], trainer.compute_loss
+
+    def recording(model, inputs, *a, **kw):
+        seen.append({k: inputs[k].clone() for k in TAPPED})
+        return loss(model, inputs, *a, **kw)
+
+    trainer.compute_loss = recording
+    taps = TrainerTaps(trainer, AUX)
+    trainer.train()
+    rows = [(b["prompt_ids"][i][b["prompt_mask"][i].bool()].tolist(),
+             b["completion_ids"][i][b["completion_mask"][i].bool()].tolist())
+            for b in seen for i in range(len(b["prompt_ids"]))]
+    return {"taps": taps, "rows": rows, "model": model, "tokenizer": trainer.processing_class,
+            "tmp": tmp, "target": tiny_target, "run": make_run(tmp / "runs", tiny_target)}
+
+
+def _rollouts(rows) -> list:
+    from draftkit.rl.rollouts import Rollout
+
+    return [Rollout(p + c, [0] * len(p) + [1] * len(c), len(p), f"trl:{i}")
+            for i, (p, c) in enumerate(rows)]
+
+
+def test_taps_from_trls_loss_forward_equal_the_refresh_capture(tapped):
+    """The states TrainerTaps copied out of TRL's compute_loss (left-padded prompts, right-padded
+    completions, gradients on) are the features rl/capture.py computes with its own pass, to
+    fp32 rounding (1e-5 of each tensor's largest value)."""
+    from _rl_helpers import AUX
+
+    from draftkit.core import config
+    from draftkit.drafts import kind as kinds
+    from draftkit.rl import capture
+    from draftkit.rl.policy import from_model
+    from draftkit.rl.publish import DraftStore
+
+    taps, rows, run = tapped["taps"], tapped["rows"], tapped["run"]
+    assert len(rows) == 8 and len({len(p) for p, _ in rows}) > 1  # TRL left-padded prompts
+    assert set(taps.taps.rows) == {tuple(p + c) for p, c in rows}
+    n = len(tapped["model"].model.layers)
+    assert taps.layer_ids == sorted({*AUX, n})
+    cfg = config.load(run)
+    kind = kinds.get(cfg.draft.kind)
+    policy = from_model(tapped["model"], tapped["tokenizer"])
+    store = DraftStore(run)
+    draft = kind.load(store.current_dir(), policy.model, cfg.draft.num_speculative_tokens)
+    own = capture.capture(kind, draft, policy, _rollouts(rows), cfg, store, "own")  # online
+    compared = 0
+    for batch in own.batches:
+        for b, length in enumerate(batch["attention_mask"].sum(-1).tolist()):
+            states = taps.taps.rows[tuple(batch["input_ids"][b, :length].tolist())]
+            aux = torch.cat([states[i] for i in AUX], dim=-1)  # [T, 3*H]
+            for own_f, tap in ((batch["aux"][b, :length], aux),
+                               (batch["last"][b, :length], states[n])):
+                # fp32 rounding: TRL's left padding moves the positions RoPE turns
+                scale = float(tap.abs().max())
+                torch.testing.assert_close(own_f, tap, atol=1e-5 * scale, rtol=1e-5)
+            compared += 1
+    assert compared == len(rows)
+
+
+def test_tapped_kind_computes_only_the_rows_the_taps_miss(tapped):
+    from _rl_helpers import AUX
+
+    from draftkit.drafts import kind as kinds
+    from draftkit.rl import capture
+    from draftkit.rl.drift import pad_rows
+    from draftkit.rl.publish import DraftStore
+
+    kind, model = kinds.get("eagle3"), tapped["model"]
+    draft = kind.load(DraftStore(tapped["run"]).current_dir(), model, 3)
+    rows = _rollouts(tapped["rows"][:4])
+    batch = pad_rows(rows)
+    some = capture.Taps({k: v for k, v in tapped["taps"].taps.rows.items()
+                         if k != tuple(rows[2].input_ids)})
+    tk = capture.TappedKind(kind, some)
+    got = tk.features(draft, model, batch["input_ids"], batch["attention_mask"])
+    want = kind.features(draft, model, batch["input_ids"], batch["attention_mask"])
+    valid = batch["attention_mask"].bool()
+    for name in ("aux", "last"):
+        torch.testing.assert_close(got[name][valid], want[name][valid], atol=1e-5, rtol=1e-5)
+    assert tk.stats["computed_rows"] == 1 and tk.stats["forwards"] == 1
+    assert tk.stats["rows"] == 3 and got["aux"].shape[-1] == len(AUX) * want["last"].shape[-1]
+
+
+def _forwarded(model) -> tuple[list, object]:
+    """Rows (token ids) the policy's decoder runs over, recorded by a pre-hook."""
+    seen = []
+
+    def record(_m, _args, kwargs):
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if ids is None or mask is None:
+            raise AssertionError("the policy's decoder ran without input_ids/attention_mask")
+        seen.extend(tuple(ids[b, :n].tolist()) for b, n in enumerate(mask.sum(-1).tolist()))
+
+    return seen, model.model.register_forward_pre_hook(record, with_kwargs=True)
+
+
+def test_a_refresh_given_the_taps_runs_no_policy_pass_over_their_rows(tapped):
+    """The same refresh with and without the taps: without, the policy runs over the train rows
+    (capture) and the held-out rows (the AL gate); with them, over the held-out rows only, the
+    lineage counts every train row as read from the taps, and the fine-tune starts from the same
+    loss."""
+    from _rl_helpers import make_run
+
+    from draftkit.rl.job import refresh
+    from draftkit.rl.policy import from_model
+
+    rows, tmp = tapped["rows"], tapped["tmp"]
+    path = tmp / "rollouts.jsonl"
+    path.write_text("".join(json.dumps({"prompt_ids": p, "response_ids": c, "policy_step": 0}) +
+                            "\n" for p, c in rows))
+    overrides = ["refresh.budget_steps=2", "refresh.gate=false", "refresh.lr=1e-5"]
+    policy = from_model(tapped["model"], tapped["tokenizer"], step=1)
+    out = {}
+    for name, taps in (("own", None), ("tapped", tapped["taps"].taps)):
+        run = make_run(tmp / "runs", tapped["target"], name=f"refresh-{name}")
+        seen, hook = _forwarded(tapped["model"])
+        try:
+            res = refresh(run, policy, [path], overrides, taps=taps)
+        finally:
+            hook.remove()
+        assert res["status"] == "published"
+        out[name] = (res["lineage"], set(seen))
+    own, (lineage, seen) = out["own"], out["tapped"]
+    train = own[1] - seen  # rows only the refresh without taps ran the policy over
+    assert train and lineage["rows"]["train"] == len(train)
+    assert not train & seen and seen  # with the taps: the held-out rows only (the AL gate)
+    taps = lineage["capture"]["taps"]
+    assert (taps["rows"], taps["computed_rows"], taps["forwards"]) == (len(train), 0, 0)
+    assert lineage["loss"]["first"] == pytest.approx(own[0]["loss"]["first"], rel=1e-4)

@@ -26,6 +26,12 @@ What it changes in TRL (private hooks, so the TRL version is pinned and checked 
   (`draftkit watch`, files) is swapped in; then, at the refresher's interval or AL drop, a
   refresh on the pending rollouts with the policy in memory, and the checked swap of what it
   published. A refused swap is logged (`events`) and training goes on with the previous draft.
+- the refresh's features (`taps_from_trainer`): TRL's `compute_loss` runs the policy over each
+  step's prompts + completions; while it runs, forward hooks on the draft's tap layers (its aux
+  layer ids and the last decoder layer) copy each row's hidden states, detached, to the CPU
+  (`TrainerTaps`), and the refresh reads them instead of running the policy over those rows
+  (rl/capture.py). Each row's taps are those of the policy that generated it (the loss forward of
+  its own step), up to `every` updates older than the policy the refresh then gates against.
 Limits: one process (no DDP/FSDP/DeepSpeed ranks), tensor_parallel_size 1, no PEFT on the CPU
 path; vllm_mode="server" is not hooked (see docs/integration.md#trl).
 """
@@ -45,6 +51,7 @@ import torch
 
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
+from draftkit.core.registry import aux_layer_ids
 
 TESTED_TRL = "1.16.0"  # the hooks below read TRL internals of this version
 FIX = "pip install 'draftkit[trl]'"
@@ -79,6 +86,10 @@ class DraftkitConfig:
     # None = the engine settings' (core/engine_settings.py): CUDA graphs on CUDA; on a CPU eager
     # (no torch.compile: seconds, not minutes, to start) unless measured faster compiled
     enforce_eager: bool | None = None
+    # the refresh's features from TRL's own loss forward (TrainerTaps), not a second policy pass
+    # over the rollouts; held in host memory until a refresh: (aux ids + 1) hidden states per
+    # pending token, in the policy's dtype
+    taps_from_trainer: bool = True
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -116,7 +127,7 @@ class SpeculativeRollouts:
         from draftkit.serving import vllm_engine
 
         self.cfg = cfg
-        self.trainer = self.llm = self.refresher = None
+        self.trainer = self.llm = self.refresher = self.taps = None
         self.generations: list[dict] = []  # one per TRL generate call: step, tokens, spec counters
         self.events: list[dict] = []  # refreshes and swaps
         self.syncs: list[dict] = []  # policy syncs draftkit ran (vLLM's CPU platform)
@@ -203,6 +214,9 @@ class SpeculativeRollouts:
 
             self.refresher = DraftRefresher(self.cfg.run, self.cfg.overrides, self.cfg.every,
                                             self.cfg.al_drop)
+            r = self.refresher  # taps only where a refresh will consume (and free) them
+            if self.cfg.taps_from_trainer and (r.every > 0 or r.al_drop > 0):
+                self.taps = TrainerTaps(trainer, aux_layer_ids(r.cfg))
         trainer.add_callback(_StepEnd(self))
 
     def _observing(self, generate):
@@ -261,12 +275,16 @@ class SpeculativeRollouts:
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         training, t0 = model.training, time.perf_counter()
         try:
-            result = r.refresh(model, self.trainer.processing_class)
+            result = r.refresh(model, self.trainer.processing_class,
+                               taps=self.taps.taps if self.taps else None)
         finally:
             model.train(training)
+        if self.taps and result["status"] != "undecided":  # undecided keeps its rows pending
+            self.taps.clear()
         event = {"event": "refresh", "step": step, "reason": r.reason,
                  "status": result["status"], "version": result.get("version"),
-                 "refresh_s": time.perf_counter() - t0}
+                 "refresh_s": time.perf_counter() - t0,
+                 "capture": (result.get("lineage") or {}).get("capture")}
         if result["status"] == "published":
             event["swap"] = self.swap()
         self.events.append(event)
@@ -301,6 +319,78 @@ class SpeculativeRollouts:
     def close(self) -> None:
         if self._sync_dir:
             shutil.rmtree(self._sync_dir, ignore_errors=True)
+
+
+class TrainerTaps:
+    """The draft's taps from TRL's own loss forward: while `trainer.compute_loss` runs, forward
+    hooks on the decoder layers of `layer_ids` (the aux-layer convention of target/capture.py,
+    the last decoder output added) keep their outputs; then each row's states (its prompt +
+    completion positions, as TRL's masks say), detached and on the CPU, go into `taps` keyed by
+    the row's token ids, which are the ids `DraftRefresher.observe` wrote. A row TRL masked
+    (`mask_truncated_completions`) matches no rollout and is computed by the refresh."""
+
+    def __init__(self, trainer, layer_ids: list[int]):
+        from draftkit.rl.capture import Taps
+        from draftkit.target.capture import check_layer_ids, decoder_layers
+
+        self.model = trainer.accelerator.unwrap_model(trainer.model)
+        n = len(decoder_layers(self.model))
+        check_layer_ids(list(layer_ids), n)
+        self.layer_ids = sorted(set(layer_ids) | {n})
+        self.taps = Taps()
+        self.seconds = 0.0  # spent copying taps out of TRL's forwards
+        compute_loss = trainer.compute_loss
+
+        def tapped(model, inputs, *args, **kwargs):
+            with self._hooks() as got:
+                loss = compute_loss(model, inputs, *args, **kwargs)
+            self._keep(inputs, got)
+            return loss
+
+        trainer.compute_loss = tapped
+
+    @contextlib.contextmanager
+    def _hooks(self):
+        """{layer id: [[B, T, H] per forward]} filled while the block runs (TRL may chunk)."""
+        from draftkit.target.capture import decoder_layers
+
+        got: dict[int, list[torch.Tensor]] = {k: [] for k in self.layer_ids}
+        base, layers = getattr(self.model, "model", self.model), decoder_layers(self.model)
+
+        def keep(k):
+            return lambda _m, _i, out: got[k].append(
+                (out[0] if isinstance(out, tuple) else out).detach())
+
+        # id 0 = the embeddings' output; id k = the output of layers[k - 1]
+        hooks = [(base.embed_tokens if k == 0 else layers[k - 1]).register_forward_hook(keep(k))
+                 for k in self.layer_ids]
+        try:
+            yield got
+        finally:
+            for h in hooks:
+                h.remove()
+
+    def _keep(self, inputs: dict, got: dict[int, list[torch.Tensor]]) -> None:
+        t0 = time.perf_counter()
+        if not {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask"} <= set(inputs):
+            return
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # [B, P+C]
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1).bool()
+        states = {k: torch.cat(v) for k, v in got.items() if v}  # [B, P+C, H] each
+        if len(states) != len(self.layer_ids) or any(s.shape[:2] != ids.shape
+                                                     for s in states.values()):
+            return  # not the text forward over prompt + completion this expects: no taps
+        for b in range(ids.shape[0]):
+            pos = mask[b].nonzero()[:, 0]  # left-padded prompt, right-padded completion
+            if len(pos) == 0 or int(pos[-1] - pos[0]) + 1 != len(pos):
+                continue  # not one contiguous row
+            row = slice(int(pos[0]), int(pos[-1]) + 1)
+            key = tuple(ids[b, row].tolist())
+            self.taps.rows[key] = {k: s[b, row].to("cpu", copy=True) for k, s in states.items()}
+        self.seconds += time.perf_counter() - t0
+
+    def clear(self) -> None:
+        self.taps.rows.clear()
 
 
 class _StepEnd(TrainerCallback):

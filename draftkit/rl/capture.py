@@ -16,6 +16,12 @@ plan [[1], [2], [0]] -> stored rows 1, 2, 0 (sample_idx [1, 2, 0]); fine-tune ba
 sequence b. With harvest.dtype=float32 both modes train the same draft bit for bit; bfloat16
 (the default) rounds the features as an offline harvest does.
 
+Taps. A refresh can be handed features another forward already computed over the rollouts
+(`Taps`: an RL trainer's own loss forward, integrations/trl.py), keyed by each row's token ids;
+`capture(..., taps=)` reads the rows they cover and runs the policy only over the rest (no
+forward at all when they cover every row), and the lineage's `capture.taps` counts both. The
+held-out AL gate (drift.estimate) still runs its own pass: it judges against the policy now.
+
 Resume. A shard counts as done only if its sidecar carries this capture's fingerprint (the job
 key, draft kind, aux layer ids, storage dtype, shard and batch sizes, every row's ids and mask)
 and its sha256 still matches: a rerun after a crash keeps those shards (a complete capture is
@@ -29,7 +35,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +49,7 @@ from draftkit.harvest import shards
 from draftkit.rl import finetune
 from draftkit.rl.drift import pad_rows
 from draftkit.rl.rollouts import Rollout
+from draftkit.target.capture import decoder_layers
 from draftkit.train.data import BatchBuilder, HarvestSource, PlannedBatches
 
 MODES = ("online", "harvest")
@@ -77,9 +84,12 @@ def remove(store, job: str) -> None:
 
 
 def capture(kind, model, policy, rows: list[Rollout], cfg, store, job: str,
-            should_stop=lambda: False) -> Captured:
-    """The rows' batches with the policy's features, as `refresh.capture` says."""
+            should_stop=lambda: False, taps: Taps | None = None) -> Captured:
+    """The rows' batches with the policy's features, as `refresh.capture` says; rows `taps`
+    covers are read from it, not computed."""
     rc, t0 = cfg.refresh, time.perf_counter()
+    if taps is not None:
+        kind = TappedKind(kind, taps)
     if check_mode(rc.capture) == "online":
         batches = finetune.feature_batches(kind, model, policy.model, rows, rc.batch_tokens)
         held = sum(b[n].nbytes for b in batches for n in FEATURES if n in b)  # in RAM
@@ -88,7 +98,75 @@ def capture(kind, model, policy, rows: list[Rollout], cfg, store, job: str,
     else:
         out = harvest(kind, model, policy, rows, cfg, store, job, should_stop)
     out.info["seconds"] = time.perf_counter() - t0
+    if taps is not None:
+        out.info["taps"] = dict(kind.stats)
     return out
+
+
+# ----------------------------------------------------------------------------- taps
+
+
+@dataclass
+class Taps:
+    """Policy hidden states another forward computed over whole rollouts, detached, on the CPU.
+
+    rows: a rollout's token ids (prompt + response, as read_rollouts builds them) -> {layer id:
+    [T, H]} in the aux-layer convention of target/capture.py (id k = the state entering decoder
+    layer k, id N = the last decoder output before the final norm). A row serves a refresh when
+    it holds the draft's aux ids and N (`kind.aux_layer_ids(draft)`; None = N only)."""
+
+    rows: dict[tuple[int, ...], dict[int, torch.Tensor]] = field(default_factory=dict)
+
+
+class TappedKind:
+    """`kind` whose `features` reads the rows of a padded batch that `taps` covers and runs the
+    policy only over the others (one forward of those rows; none when every row is covered).
+    Features as target/capture.capture gives them: "aux" = the aux ids' states concatenated,
+    "last" = id N, float32 on the policy's device, zeros past each row's length."""
+
+    def __init__(self, kind, taps: Taps):
+        self.kind, self.taps = kind, taps
+        # rows/tokens read from the taps; rows computed and policy forwards run for the rest
+        self.stats = {"rows": 0, "tokens": 0, "computed_rows": 0, "forwards": 0}
+
+    def __getattr__(self, name: str):  # every other hook is the kind's
+        return getattr(self.kind, name)
+
+    def features(self, model, policy_model, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        last_id = len(decoder_layers(policy_model))
+        aux_ids = self.kind.aux_layer_ids(model) or []  # [] = the kind reads `last` only
+        lens = [int(n) for n in attention_mask.sum(-1).tolist()]  # right-padded: ids[b, :n]
+        found = [self.taps.rows.get(tuple(input_ids[b, :n].tolist())) for b, n in enumerate(lens)]
+        found = [s if s is not None and all(i in s for i in [*aux_ids, last_id]) else None
+                 for s in found]
+        missing = [b for b, s in enumerate(found) if s is None]
+        if missing:  # the policy's own pass over the rows the taps do not cover
+            self.stats["computed_rows"] += len(missing)
+            self.stats["forwards"] += 1
+            sub = self.kind.features(model, policy_model, input_ids[missing],
+                                     attention_mask[missing])  # [M, T, *] each
+            if len(missing) == len(lens):
+                return sub
+        device, (b_size, t) = next(policy_model.parameters()).device, input_ids.shape
+        out = {}
+        for b, states in enumerate(found):
+            if states is None:
+                continue
+            n = lens[b]
+            row = {"last": states[last_id]}  # [n, H]
+            if aux_ids:
+                row["aux"] = torch.cat([states[i] for i in aux_ids], dim=-1)  # [n, A*H]
+            for name, f in row.items():
+                if name not in out:
+                    out[name] = torch.zeros(b_size, t, f.shape[-1], device=device)  # [B, T, *]
+                out[name][b, :n] = f.to(device, torch.float32)
+            self.stats["rows"] += 1
+            self.stats["tokens"] += n
+        if missing:
+            for name, f in sub.items():
+                out.setdefault(name, f.new_zeros(b_size, t, f.shape[-1]))[missing] = f
+        return out
 
 
 # ----------------------------------------------------------------------------- harvest mode

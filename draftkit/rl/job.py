@@ -23,6 +23,10 @@ outcome goes to `drafts/refresh-log.jsonl`; the lineage records rows read, cut a
 Reruns (jobs.py): a job is keyed by its inputs and its parent version; a rerun after a crash
 finishes it, a rerun after success does nothing, and a rerun after newer versions were
 published is "superseded": `current` never moves backwards.
+
+`taps` (capture.Taps, from the in-process API only): the policy's features on rollout rows a
+trainer's own forward already computed; the capture reads the rows they cover instead of running
+the policy over them (capture.py), the rest are computed as without them.
 """
 
 from __future__ import annotations
@@ -108,14 +112,17 @@ class Job:
     inputs: str  # jobs.inputs_key
     job: str  # jobs.job_key(inputs, parent)
     dropped: dict = field(default_factory=dict)  # duplicate_files, set_aside_files
+    taps: capture.Taps | None = None  # features already computed for some rows (capture.py)
 
 
 def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: list,
             overrides: list[str] | None = None, should_stop=lambda: False,
-            policy_step: int | None = None, set_aside: list[dict] | None = None) -> dict:
+            policy_step: int | None = None, set_aside: list[dict] | None = None,
+            taps: capture.Taps | None = None) -> dict:
     """Run one refresh job; returns {"status": published|rejected|undecided|superseded,
     "version", "job", ...}. `policy_step` defaults to the checkpoint's own, else the newest the
-    rollouts name; `set_aside` ([{"path", "reason"}], from watch) goes into the lineage."""
+    rollouts name; `set_aside` ([{"path", "reason"}], from watch) goes into the lineage; `taps`
+    are features already computed for some rows (the capture reads them, module doc)."""
     run_dir = config.run_dir_of(run_dir)
     cfg = config.load(run_dir, overrides)
     capture.check_mode(cfg.refresh.capture)
@@ -134,8 +141,8 @@ def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: lis
         if (done := jobs.earlier(store, inputs, job, parent)) is not None:
             return done
         dropped = {"duplicate_files": duplicates, "set_aside_files": list(set_aside or [])}
-        return _run_job(Job(cfg, kind, store, policy, digests, parent, inputs, job, dropped),
-                        should_stop)
+        return _run_job(Job(cfg, kind, store, policy, digests, parent, inputs, job, dropped,
+                            taps), should_stop)
 
 
 @dataclass
@@ -207,7 +214,7 @@ def _run_job(j: Job, should_stop) -> dict:
 
     before = measure()
     cap = capture.capture(kind, model, policy, rows.train + rows.replay, cfg, store, j.job,
-                          should_stop)
+                          should_stop, taps=j.taps)
     fit = finetune.finetune(model, cap.batches, rc.budget_steps, rc.budget_s, rc.lr, rc.seed,
                             should_stop=should_stop)
     after = measure()

@@ -96,8 +96,11 @@ class DraftRefresher:
                            f"{self.al_ref:.3f}")
         return bool(self.reason)
 
-    def refresh(self, policy_model, tokenizer=None, should_stop=lambda: False) -> dict:
-        """Refresh from the pending rollouts with the policy in memory; publish if better."""
+    def refresh(self, policy_model, tokenizer=None, should_stop=lambda: False,
+                taps=None) -> dict:
+        """Refresh from the pending rollouts with the policy in memory; publish if better.
+        `taps` (rl/capture.Taps): the policy's features on rows a trainer's forward already
+        computed, read instead of recomputed."""
         from draftkit.target.load import target_dir
 
         if tokenizer is None:
@@ -107,7 +110,7 @@ class DraftRefresher:
         self.tokenizer = tokenizer
         policy = from_model(policy_model, tokenizer, step=self.policy_step)
         result = refresh_mod.refresh(self.run, policy, self.pending, self.overrides,
-                                     should_stop=should_stop)
+                                     should_stop=should_stop, taps=taps)
         if result["status"] != "undecided":  # too few held-out rows: keep them, decide later
             self.pending, self.last_refresh_step = [], self.policy_step
         if result["status"] == "published":
