@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from draftkit.core import artifacts, hardware
+from draftkit.core.config import ConfigError
 
 WEIGHT_SHARE = 0.6  # of a GPU's vLLM memory budget the target's weights may take (auto TP)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, for the auto TP arithmetic
@@ -156,8 +157,6 @@ def resolve(ec, params_b: float = 0.0, num_heads: int = 0, dtype: str = "auto",
     applies to regeneration engines only."""
     hw = hw or hardware.detect()
     if not ec.cpu_threads_bind:
-        from draftkit.core.config import ConfigError
-
         raise ConfigError("engine.cpu_threads_bind must be auto, vllm, all or a "
                           "VLLM_CPU_OMP_THREADS_BIND mask such as 0-1")
     tp, tp_why = _tensor_parallel(ec, params_b, num_heads, hardware.resolve(dtype, hw=hw), hw)

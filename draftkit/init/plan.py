@@ -23,9 +23,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftkit.core import artifacts, config, hardware, speed
+from draftkit.core import artifacts, config, hardware, prepared_data, speed
 from draftkit.core.config import RunConfig
+from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.harvest.shards import DISK_FIXES, ID_BYTES, bytes_per_token
+from draftkit.prepare.recipes import load_recipe
 
 PROMPT_TOKENS = 150  # assumed templated prompt length before `prepare` counted the real ones
 ANSWER_FILL = 0.75  # assumed share of data.regen_max_new_tokens a regenerated answer uses
@@ -69,8 +72,6 @@ class Plan:
 
 def _prepared(paths: artifacts.RunPaths, cfg: RunConfig) -> dict | None:
     """Real token counts of a prepared run (None before `prepare`)."""
-    from draftkit.core import prepared_data
-
     if not (paths.data / "train").is_dir():
         return None
     train = prepared_data.load_rows(paths.data, "train")
@@ -85,8 +86,6 @@ def _prepared(paths: artifacts.RunPaths, cfg: RunConfig) -> dict | None:
 
 def _assumed(cfg: RunConfig) -> dict:
     """Token counts from the recipe's sample counts and an assumed conversation length."""
-    from draftkit.prepare.recipes import load_recipe
-
     d = cfg.data
     recipe = load_recipe(d.recipe)
     train = d.max_samples or recipe.max_samples
@@ -276,9 +275,6 @@ def make(cfg: RunConfig, paths: artifacts.RunPaths, results_dirs: list[Path] | N
 def choose_mode(cfg: RunConfig, p: Plan) -> bool:
     """Switch `cfg` (and `p`) to online training when its offline harvest does not fit the
     disk; False when nothing changed (already online, it fits, the kind trains offline only)."""
-    from draftkit.core.errors import DraftkitError
-    from draftkit.drafts import kind as kinds
-
     if cfg.train.mode != "offline" or p.fits:
         return False
     cfg.train.mode = "online"

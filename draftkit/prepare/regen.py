@@ -25,6 +25,8 @@ from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask
 from draftkit.prepare.sources import Conversation, seed_for
+from draftkit.serving import vllm_engine
+from draftkit.target.load import load_target
 from draftkit.target.tokens import eos_ids
 
 ENGINES = ("vllm", "hf")
@@ -76,8 +78,6 @@ class Generator:
     def _vllm(self, reqs: list[Request]) -> list[Completion]:
         from vllm.inputs import TokensPrompt
 
-        from draftkit.serving import vllm_engine
-
         if self._llm is None:
             d, t = self.cfg.data, self.cfg.target
             max_len = min(d.max_seq_len, t.max_position_embeddings or d.max_seq_len)
@@ -99,8 +99,6 @@ class Generator:
         from transformers import GenerationConfig
 
         if self._model is None:
-            from draftkit.target.load import load_target
-
             t = self.cfg.target
             self._model = load_target(t.name, dtype=t.dtype, revision=t.revision).model
         model = self._model
@@ -124,8 +122,6 @@ class Generator:
 
     def close(self) -> None:
         if self._llm is not None:
-            from draftkit.serving import vllm_engine
-
             vllm_engine.stop(self._llm)
             self._llm = None
         self._model = None

@@ -24,32 +24,31 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from draftkit.core.batching import to_device
-from draftkit.rl.rollouts import Rollout
+from draftkit.core import config
+from draftkit.core.batching import collate, plan_batches, to_device
+from draftkit.drafts import kind as kinds
+from draftkit.rl.policy import Policy, check_lineage, load_policy
+from draftkit.rl.publish import DraftStore
+from draftkit.rl.rollouts import Rollout, read_rollouts, rollout_files
 from draftkit.serving.counters import SpecCounters
+from draftkit.target.capture import logits_from_last
 
 _CHUNK = 512  # policy logits are computed for this many positions at a time ([n, V] floats)
 
 
 def pad_rows(rows: list[Rollout]) -> dict[str, torch.Tensor]:
     """Rollouts -> right-padded input_ids, loss_mask, attention_mask, [B, T] each."""
-    from draftkit.core.batching import collate
-
     return collate([{"input_ids": torch.tensor(r.input_ids),
                      "loss_mask": torch.tensor(r.loss_mask)} for r in rows], torch.float32)
 
 
 def plan(rows: list[Rollout], batch_tokens: int) -> list[list[int]]:
     """Length-sorted groups of row indices with at most batch_tokens padded tokens each."""
-    from draftkit.core.batching import plan_batches
-
     return plan_batches([len(r.input_ids) for r in rows], batch_tokens)
 
 
 def policy_logits(policy_model, last: torch.Tensor) -> torch.Tensor:
     """last [N, H] (pre-norm) -> policy logits [N, V] in float32, on last's device."""
-    from draftkit.target.capture import logits_from_last
-
     dev = policy_model.lm_head.weight.device
     return torch.cat([logits_from_last(policy_model, c.to(dev)).float().to(last.device)
                       for c in last.split(_CHUNK)])
@@ -174,12 +173,6 @@ def drift(run_dir, policy, rollout_paths: list, overrides: list[str] | None = No
     """`draftkit drift RUN --policy CKPT --rollouts PATH...`: the current draft's estimated AL
     against `policy` (a checkpoint dir or a policy.Policy) on the rollouts, at T=0 and at
     refresh.temperature; logged to the run's refresh log as a `drift` event."""
-    from draftkit.core import config
-    from draftkit.drafts import kind as kinds
-    from draftkit.rl.policy import Policy, check_lineage, load_policy
-    from draftkit.rl.publish import DraftStore
-    from draftkit.rl.rollouts import read_rollouts, rollout_files
-
     run_dir = config.run_dir_of(run_dir)
     cfg = config.load(run_dir, overrides)
     rc, k = cfg.refresh, cfg.draft.num_speculative_tokens

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from draftkit.core.batching import to_device
+from draftkit.core.batching import plan_batches, to_device
+from draftkit.core.errors import DraftkitError
 from draftkit.rl.drift import pad_rows
 from draftkit.rl.rollouts import Rollout
 
@@ -40,8 +41,6 @@ def feature_batches(kind, model, policy_model, rows: list[Rollout],
                     batch_tokens: int) -> list[dict]:
     """Padded batches with the policy's features, captured once: [B, T] ids/masks + features,
     held in host memory (a refresh's features can outgrow the GPU's)."""
-    from draftkit.core.batching import plan_batches
-
     out = []
     plan = plan_batches([len(r.input_ids) for r in rows], batch_tokens)
     for group in tqdm(plan, desc="capture", leave=False):
@@ -59,8 +58,6 @@ def finetune(model: torch.nn.Module, batches: Sequence[dict], steps: int, second
              should_stop: Callable[[], bool] = lambda: False) -> FinetuneResult:
     """Train until `steps` optimizer steps or `seconds` of wall time (0 = that limit is off)."""
     if steps <= 0 and seconds <= 0:
-        from draftkit.core.errors import DraftkitError
-
         raise DraftkitError("a refresh needs a budget: set refresh.budget_steps or "
                             "refresh.budget_s (--budget-steps / --budget-s)")
     torch.manual_seed(seed)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from draftkit.core import hardware
+from draftkit.core.artifacts import sha256_file
 from draftkit.core.errors import DraftkitError
 from draftkit.target.lineage import (
     run_tokenizer_digest,
@@ -29,6 +31,7 @@ from draftkit.target.lineage import (
     target_shapes,
     tokenizer_digest,
 )
+from draftkit.target.load import default_device
 
 SHARD = re.compile(r"-(\d+)-of-(\d+)\.safetensors$")  # model-00001-of-00004.safetensors
 INDEX = "model.safetensors.index.json"
@@ -68,8 +71,6 @@ class Policy:
 
 def dir_digest(path: str | Path) -> str:
     """sha256 over the weight files (names + contents) and config.json of an HF dir."""
-    from draftkit.core.artifacts import sha256_file
-
     path = Path(path)
     files = sorted([*path.glob("*.safetensors"), *path.glob("*.bin"), path / "config.json"])
     h = hashlib.sha256()
@@ -92,9 +93,6 @@ def load_policy(path: str | Path, step: int | None = None, device: str | None = 
     """The checkpoint's model (eval, frozen) on `device` (default: the GPU if there is one, as
     the target's), its tokenizer and content hash."""
     from transformers import AutoModelForCausalLM
-
-    from draftkit.core import hardware
-    from draftkit.target.load import default_device
 
     path = Path(path)
     device = device or default_device()

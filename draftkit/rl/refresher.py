@@ -36,10 +36,14 @@ from pathlib import Path
 
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
+from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
 from draftkit.rl import job as refresh_mod
 from draftkit.rl.policy import from_model
 from draftkit.rl.publish import DraftStore
+from draftkit.rl.rollouts import read_rollouts
+from draftkit.serving import drafter_swap
+from draftkit.target.load import run_target_dir, target_dir
 
 
 class DraftRefresher:
@@ -101,8 +105,6 @@ class DraftRefresher:
         """Refresh from the pending rollouts with the policy in memory; publish if better.
         `taps` (rl/capture.Taps): the policy's features on rows a trainer's forward already
         computed, read instead of recomputed."""
-        from draftkit.target.load import target_dir
-
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -121,9 +123,6 @@ class DraftRefresher:
         """`refresh.probe_prompts` distinct prompts (token ids) for the swap check: from the
         rollout files in the lineage of `version` (default current) and its ancestors, else
         the run's eval split. Never empty: raises DraftkitError naming the fix."""
-        from draftkit.core.prepared_data import load_prompts
-        from draftkit.rl.rollouts import read_rollouts
-
         n, rc = self.cfg.refresh.probe_prompts, self.cfg.refresh
         out: dict[tuple, list[int]] = {}  # GRPO siblings share a prompt: keep one
         for f in self._lineage_files(version or self.store.current()):
@@ -159,8 +158,6 @@ class DraftRefresher:
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
-            from draftkit.target.load import run_target_dir
-
             self.tokenizer = AutoTokenizer.from_pretrained(run_target_dir(self.cfg.target))
         return self.tokenizer
 
@@ -169,8 +166,6 @@ class DraftRefresher:
         (probes: `probes()` when None), rollback and DraftSwapError on failure; a version
         that failed is marked failed and `current` goes back. The engine needs
         `engine_kwargs()`."""
-        from draftkit.serving import drafter_swap
-
         rc, version = self.cfg.refresh, self.store.current()  # read once: what is tried
         directory = self.store.root / version if version else self.store.current_dir()
         drafter_swap.require_measurable(llm)  # an engine the probe cannot read: not the draft's

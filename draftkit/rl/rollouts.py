@@ -24,6 +24,7 @@ from pathlib import Path
 
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
+from draftkit.prepare import chat_mask
 
 
 @dataclass
@@ -120,8 +121,6 @@ def _ids(where: str, key: str, value, vocab_size: int) -> list[int]:
 
 
 def _encode_messages(where: str, row: dict, tok) -> tuple[list[int], list[int], int]:
-    from draftkit.prepare import chat_mask
-
     msgs = row["messages"]
     if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m
                                              and isinstance(m.get("content"), str) for m in msgs):

@@ -56,11 +56,13 @@ from pathlib import Path
 from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.rl import drift
+from draftkit.rl import drift, rollout_servers
 from draftkit.rl.finetune import Stopped
 from draftkit.rl.job import refresh
-from draftkit.rl.policy import CheckpointError, shard_problems
+from draftkit.rl.policy import CheckpointError, load_policy, load_tokenizer, shard_problems
 from draftkit.rl.publish import DraftStore, RefreshLocked
+from draftkit.rl.rollouts import read_rollouts
+from draftkit.train.loop import Tracker
 
 MARKERS = ("draftkit.ready", "COMPLETE", ".complete", "DONE")
 DONE = ".done"  # rollouts: NAME.jsonl.done marks NAME.jsonl complete
@@ -201,9 +203,6 @@ class Watcher:
             return f"interval: step {step} - {last} >= {self.every}"
         if self.al_drop <= 0:
             return ""
-        from draftkit.rl.policy import load_policy
-        from draftkit.rl.rollouts import read_rollouts
-
         current = self.store.current()
         ref = self.store.lineage(current) if current else None
         if ref is None:
@@ -250,9 +249,6 @@ class Watcher:
 
     def screen(self, hf: Path, files: list[Path]) -> list[Path]:
         """Files whose every row reads; a file with a bad row is set aside (file:line)."""
-        from draftkit.rl.policy import load_tokenizer
-        from draftkit.rl.rollouts import read_rollouts
-
         tok, rc, good = load_tokenizer(hf), self.cfg.refresh, []
         for f in files:
             try:
@@ -335,20 +331,18 @@ class Watcher:
 
     def sync_engines(self) -> None:
         """Push the current draft to every engine that does not serve it (module doc)."""
-        from draftkit.rl import rollout_servers as eng
-
         if not self.engines:
             return
-        record = eng.read(self.store)["engines"]
+        record = rollout_servers.read(self.store)["engines"]
         current = self.store.current() or "export"
         todo = [u for u in self.engines if not _settled(record.get(u) or {}, current)]
         if not todo:
             return
         try:
-            res = eng.push(self.run, todo, None, self.overrides)
+            res = rollout_servers.push(self.run, todo, None, self.overrides)
             self.event("engines_swapped", version=current,
                        engines={u: round(r["al"], 3) for u, r in res.items()})
-        except eng.EngineSwapError as e:
+        except rollout_servers.EngineSwapError as e:
             self.event("engines_swap_failed", version=current, detail=str(e)[:2000],
                        engines={u: r["status"] for u, r in e.results.items()})
         except Exception as e:  # noqa: BLE001 - no probes, no secret, a bug: say, go on
@@ -356,8 +350,6 @@ class Watcher:
                        detail=f"{type(e).__name__}: {str(e)[:2000]}")
 
     def run_forever(self, once: bool = False) -> None:
-        from draftkit.train.loop import Tracker
-
         lock = _daemon_lock(self.store.root)
         handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.tracker = Tracker(self.cfg.tracking, f"{self.cfg.name}-watch", self.store.root,

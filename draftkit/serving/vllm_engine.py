@@ -20,6 +20,7 @@ from draftkit.core import config, engine_settings, hardware
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.serving.counters import SpecCounters, target_steps, tokens_per_step
+from draftkit.target.load import run_target_dir
 
 
 class EngineStartError(DraftkitError):
@@ -203,8 +204,6 @@ def run_engine_spec(cfg, speculative: dict | None, prompts: list[list[int]],
     for the longest prompt + eval.max_new_tokens + the most drafted tokens + 1 (rounded up to
     256, capped by the target's), room for `batch_size` sequences (default the largest eval
     batch), at least 8."""
-    from draftkit.target.load import run_target_dir
-
     e = cfg.eval
     k = max([cfg.draft.num_speculative_tokens, *e.k_values])
     longest = max(map(len, prompts)) + e.max_new_tokens + k + 1

@@ -54,6 +54,8 @@ def expand_is_broken(impl) -> bool:
 def register() -> None:
     """vLLM calls this in each process; it must be cheap and idempotent."""
     try:
+        # here, not at the top: it subclasses vLLM's weight-transfer engine at import (vLLM
+        # loaded; env_report imports this module without it), and a vLLM without one is fine
         from draftkit.serving import weight_transfer
 
         weight_transfer.register()
