@@ -10,8 +10,8 @@ import json
 import socket
 import threading
 import time
-from types import SimpleNamespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,7 +23,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.rl import rollout_servers as engines
 from draftkit.rl import watch as watch_mod
 from draftkit.rl.publish import DraftStore
-from draftkit.serving import rollout, rollout_routes
+from draftkit.serving import rollout_client, rollout_routes
 from draftkit.serving.drafter_swap import SECRET_ENV
 
 SECRET = "s3cret-for-tests"
@@ -130,16 +130,16 @@ def test_no_secret_fails_before_any_call(run, stub, monkeypatch):
 
 
 def _fake_swaps(monkeypatch, verdicts: dict):
-    """rollout.swap_engine stand-in: each URL passes (None) or fails with a verdict."""
+    """rollout_client.swap_engine stand-in: each URL passes (None) or fails with a verdict."""
     def swap_engine(url, directory, kind, probes, min_al, max_tokens, timeout, candidates,
                     version, reload_held):
         assert probes == [[1, 2, 3], [4, 5, 6]] and min_al > 1.0
         if verdicts[url] is None:
             return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
                     "path": "native"}
-        raise rollout.EngineError(url, "probe AL 1.000 <= minimum 1.2", verdicts[url], True,
+        raise rollout_client.EngineError(url, "probe AL 1.000 <= minimum 1.2", verdicts[url], True,
                                   str(directory).replace("v0002", "v0001"), "v0001")
-    monkeypatch.setattr(rollout, "swap_engine", swap_engine)
+    monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
 
 
 def test_one_engine_of_two_fails_each_records_its_own(run, monkeypatch):
@@ -190,7 +190,7 @@ def test_metrics_parse_the_spec_decode_counters(stub):
             'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 12.0\n'
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 8.0\n')
     stub.reply = (200, text)
-    c = rollout.metrics(stub.url)
+    c = rollout_client.metrics(stub.url)
     assert (c.drafts, c.draft_tokens, c.accepted) == (10, 30, 12)
     assert c.acceptance_length == pytest.approx(2.2)
 

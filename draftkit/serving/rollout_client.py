@@ -1,7 +1,8 @@
-"""Swap a draft into one running rollout server over HTTP, and read the server's verdict.
+"""The client of a rollout server's draftkit routes (rollout_routes.py is the server side):
+swap a draft into one running rollout server over HTTP, and read the server's verdict.
 
-    report = rollout.swap_engine("http://10.0.0.5:8000", "runs/rl/drafts/v0007", "eagle3",
-                                 probes, min_al=1.2, max_tokens=64, timeout=60)
+    report = rollout_client.swap_engine("http://10.0.0.5:8000", "runs/rl/drafts/v0007",
+                                        "eagle3", probes, min_al=1.2, max_tokens=64, timeout=60)
 
 The swap is one transaction on the server (serving/swap_txn.py, behind rollout_routes.py's
 `POST /draftkit/swap`): pause with requests kept, load (vLLM's native draft update), the
