@@ -125,7 +125,7 @@ def test_harvest_capture_trains_the_same_draft_lm(setup, published, tmp_path):
     shutil.copytree(setup["run"], run, ignore=shutil.ignore_patterns("drafts"))
     res = refresh(run, setup["policy"], [setup["r1"]],
                   [*REFRESH, "refresh.capture=harvest", "harvest.dtype=float32"])
-    # refresh.capture is part of the job key (rl/jobs.py): same inputs otherwise, another job
+    # refresh.capture is part of the job key (rl/reruns.py): same inputs otherwise, another job
     assert res["job"] != published["job"] and res["status"] == "published"
     cap = res["lineage"]["capture"]
     assert cap["mode"] == "harvest" and published["lineage"]["capture"]["mode"] == "online"

@@ -20,7 +20,7 @@ held-out rows (drift.py); capture the policy's features on the train + replay ro
 reuses; capture.py); fine-tune within the budget; estimate again; publish if AL rose by more
 than `refresh.min_gain` (`refresh.gate=false`: publish unjudged), else log the reason. Every
 outcome goes to `drafts/refresh-log.jsonl`; the lineage records rows read, cut and dropped.
-Reruns (jobs.py): a job is keyed by its inputs and its parent version; a rerun after a crash
+Reruns (reruns.py): a job is keyed by its inputs and its parent version; a rerun after a crash
 finishes it, a rerun after success does nothing, and a rerun after newer versions were
 published is "superseded": `current` never moves backwards.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 from draftkit.core import artifacts, config, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.rl import capture, drift, finetune, jobs, rollouts
+from draftkit.rl import capture, drift, finetune, reruns, rollouts
 from draftkit.rl.policy import Policy, check_lineage, load_policy
 from draftkit.rl.publish import DraftStore
 
@@ -109,8 +109,8 @@ class Job:
     policy: Policy
     digests: list[dict]  # the rollout files read, each once
     parent: str  # the version current when the job started ("export" before the first)
-    inputs: str  # jobs.inputs_key
-    job: str  # jobs.job_key(inputs, parent)
+    inputs: str  # reruns.inputs_key
+    job: str  # reruns.job_key(inputs, parent)
     dropped: dict = field(default_factory=dict)  # duplicate_files, set_aside_files
     taps: capture.Taps | None = None  # features already computed for some rows (capture.py)
 
@@ -136,9 +136,9 @@ def refresh(run_dir: str | Path, policy: str | Path | Policy, rollout_paths: lis
         check_lineage(policy, cfg)
         digests, duplicates = rollouts.unique_files(rollouts.rollout_files(rollout_paths))
         parent = store.parent() or "export"  # current, never a version marked failed
-        inputs = jobs.inputs_key(policy.digest, digests, cfg)
-        job = jobs.job_key(inputs, parent)
-        if (done := jobs.earlier(store, inputs, job, parent)) is not None:
+        inputs = reruns.inputs_key(policy.digest, digests, cfg)
+        job = reruns.job_key(inputs, parent)
+        if (done := reruns.earlier(store, inputs, job, parent)) is not None:
             return done
         dropped = {"duplicate_files": duplicates, "set_aside_files": list(set_aside or [])}
         return _run_job(Job(cfg, kind, store, policy, digests, parent, inputs, job, dropped,
@@ -204,7 +204,7 @@ def _run_job(j: Job, should_stop) -> dict:
     rows = _read_rows(j)
     if rc.gate and rows.info["heldout_starts"] < rc.min_heldout_starts:
         return _undecided(j, rows)
-    jobs.mark_started(store, j.inputs, j.job, j.parent)
+    reruns.mark_started(store, j.inputs, j.job, j.parent)
     model = kind.load(_parent_dir(store, j.parent), policy.model, k)
     temps = sorted({0.0, rc.temperature})
 

@@ -1,4 +1,5 @@
-"""Refresh job identity and reruns: a job never moves `drafts/current` backwards.
+"""Reruns of a refresh job (rl/job.py): its keys, and what running the same inputs again
+does; a rerun never moves `drafts/current` backwards.
 
 A job's *inputs* key hashes everything that decides its result: the policy weights, the rollout
 files (content sha256s, each file once), the draft kind, k (draft.num_speculative_tokens), the
