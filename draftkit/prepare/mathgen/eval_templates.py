@@ -6,7 +6,7 @@ Acceptance measured on these problems is measured on text the draft never traine
 
 from __future__ import annotations
 
-from draftkit.prepare.mathgen import G, money, template_table
+from draftkit.prepare.mathgen.phrasing import G, money, template_table
 
 TEMPLATES, template = template_table()
 

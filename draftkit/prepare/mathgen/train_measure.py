@@ -7,7 +7,7 @@ so every division is exact and every answer is a non-negative integer.
 
 from __future__ import annotations
 
-from draftkit.prepare.mathgen import G, money, template_table
+from draftkit.prepare.mathgen.phrasing import G, money, template_table
 
 TEMPLATES, template = template_table()
 
