@@ -1,5 +1,5 @@
 """The method and k to serve, picked from eval's vLLM rows (export/choice.py), and how an export
-carries the pick (export/measured.py): ties, a method without numbers, a draft slower than no
+carries the pick (export/serving_file.py): ties, a method without numbers, a draft slower than no
 speculation, temperatures, batch ranges and the one-engine k schedule; serving.json, the README
 section (replaced, never doubled) and a re-export of other weights dropping the pick."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftkit.export import choice, measured
+from draftkit.export import choice, serving_file
 
 
 def row(method, k, b, tps, t=0.0, al=None):
@@ -234,7 +234,7 @@ def saved(tmp_path, out):
 def test_export_gets_serving_json_and_a_readme_section_that_use_the_pick(tmp_path):
     out = fake_export(tmp_path)
     run, c = saved(tmp_path, out)
-    serving = measured.keep_choice(run, out)
+    serving = serving_file.keep_choice(run, out)
     assert serving == json.loads((out / "serving.json").read_text())
     r = serving["ranges"]
     assert r[0]["speculative_config"] == {"method": "eagle3", "model": ".",
@@ -248,7 +248,7 @@ def test_export_gets_serving_json_and_a_readme_section_that_use_the_pick(tmp_pat
     assert one["method"] == "eagle3" and one["num_speculative_tokens"] == 3
     assert json.loads((out / "speculative_config.json").read_text())["num_speculative_tokens"] == 3
     text = (out / "README.md").read_text()
-    assert text.index(measured.BEGIN) < text.index("\n## vLLM\n")  # the measured part first
+    assert text.index(serving_file.BEGIN) < text.index("\n## vLLM\n")  # the measured part first
     assert "| 1–7 | eagle3 | 3 | 1.60x | 48.0 | 1.50 | 2.40 | 0.0 |" in text
     assert "| 16+ | none | – | 1.00x |" in text
     assert '"num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 15, 1], [16, 16, 0]]' in text
@@ -258,26 +258,26 @@ def test_export_gets_serving_json_and_a_readme_section_that_use_the_pick(tmp_pat
     meta = json.loads((out / "meta.json").read_text())
     assert meta["serving"]["file"] == "serving.json" and meta["serving"]["report"] == "eval.json"
     # a second eval replaces the section
-    measured.apply_choice(run.cfg, out, c)
+    serving_file.apply_choice(run.cfg, out, c)
     again = (out / "README.md").read_text()
-    assert again == text and again.count(measured.BEGIN) == 1
+    assert again == text and again.count(serving_file.BEGIN) == 1
 
 
 def test_reexport_keeps_the_pick_and_other_weights_drop_it(tmp_path, capsys):
     out = fake_export(tmp_path)
     run, _ = saved(tmp_path, out)
     fake_export(tmp_path)  # the same weights written again (a re-export): kept
-    assert measured.keep_choice(run, out) is not None and (out / "serving.json").is_file()
+    assert serving_file.keep_choice(run, out) is not None and (out / "serving.json").is_file()
     (out / "serving.json").unlink()
     (out / "README.md").write_text(README)
     fake_export(tmp_path, weights=b"w2")  # retrained: today's export, and a line saying why
-    assert measured.keep_choice(run, out) is None
+    assert serving_file.keep_choice(run, out) is None
     assert not (out / "serving.json").exists() and (out / "README.md").read_text() == README
     assert "re-run `draftkit eval`" in capsys.readouterr().err
     path = run.paths.eval / choice.CHOICE_FILE
     fake_export(tmp_path)  # the measured weights again, but a pick by the rule before T=1's
     old = json.loads(path.read_text())
     path.write_text(json.dumps({k: v for k, v in old.items() if k != "temperature"}))
-    assert measured.keep_choice(run, out) is None and "older rule" in capsys.readouterr().err
+    assert serving_file.keep_choice(run, out) is None and "older rule" in capsys.readouterr().err
     path.unlink()  # never measured: no line, no file
-    assert measured.keep_choice(run, out) is None and capsys.readouterr().err == ""
+    assert serving_file.keep_choice(run, out) is None and capsys.readouterr().err == ""

@@ -29,7 +29,7 @@ from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.drafts import kind as kinds
 from draftkit.eval import splits, stage
 from draftkit.eval.splits import OWN
-from draftkit.export.measured import SERVING_FILE
+from draftkit.export.serving_file import SERVING_FILE
 from draftkit.serving import vllm_engine
 
 FREE = ("ngram", "suffix")

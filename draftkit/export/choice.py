@@ -1,6 +1,6 @@
 """Which speculative method and k to serve, picked from eval's vLLM measurements, per batch size;
-kept in <run>/eval/choice.json, where `draftkit export` finds it again (export/measured.py puts it
-in the export as serving.json and in its README's serving snippets).
+kept in <run>/eval/choice.json, where `draftkit export` finds it again (export/serving_file.py
+puts it in the export as serving.json and in its README's serving snippets).
 
 The rule (`choose`, pure), at each measured batch size b, over every (method, k) measured there at
 every temperature no speculation was measured at:

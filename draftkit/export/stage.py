@@ -10,7 +10,7 @@ drafts/draft_lm/export.py: a plain HF model dir), each with speculative_config.j
 (`export.check`) serves the export in vLLM at T=0 on the run's eval prompts and puts vLLM's
 measured AL next to the training-time simulated AL (check.json, meta.json).
 Where `draftkit eval` measured these weights, the export also gets the measured method and k per
-batch size (export/measured.py: serving.json, a README section, meta.json["serving"]).
+batch size (export/serving_file.py: serving.json, a README section, meta.json["serving"]).
 
 An export is relocatable: the files a server reads hold no path of the machine that wrote them.
 `speculative_config.json` names the draft as `"model": "."` (this directory: vLLM resolves it
@@ -30,7 +30,7 @@ from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.acceptance import simulated_al
 from draftkit.drafts.export_files import read_json
-from draftkit.export.measured import keep_choice
+from draftkit.export.serving_file import keep_choice
 from draftkit.serving import vllm_engine
 
 
