@@ -188,7 +188,7 @@ def test_eval_picks_the_method_and_k_and_a_reexport_keeps_them(report):
     fastest at T=1 goes to <run>/eval/choice.json and into the export (serving.json, README
     snippets); re-exporting the same head keeps it, and vLLM's own schedule lookup takes the
     one-engine k schedule."""
-    from draftkit.export import choice, measured
+    from draftkit.export import choice, serving_file
 
     run = Path(report["run_dir"])
     saved = json.loads((run / "eval" / choice.CHOICE_FILE).read_text())
@@ -208,7 +208,7 @@ def test_eval_picks_the_method_and_k_and_a_reexport_keeps_them(report):
                 assert other[1] <= pick["score"] / 0.98, (b, m, other, pick)
     assert [(p["batch_from"], p["batch_to"]) for p in saved["ranges"]] == [(1, 1), (2, 3),
                                                                           (4, None)]
-    serving = json.loads((run / "export" / measured.SERVING_FILE).read_text())
+    serving = json.loads((run / "export" / serving_file.SERVING_FILE).read_text())
     want = [p["method"] for p in saved["ranges"]]
     assert [r["method"] for r in serving["ranges"]] == want
     for r in serving["ranges"]:
@@ -217,7 +217,7 @@ def test_eval_picks_the_method_and_k_and_a_reexport_keeps_them(report):
         if r["method"] == "eagle3":  # the export's own config at the picked k
             assert sc["model"] == "." and sc["num_speculative_tokens"] == r["k"]
     readme = (run / "export" / "README.md").read_text()
-    assert readme.count(measured.BEGIN) == 1 and "| 1 | " in readme and "| 4+ | " in readme
+    assert readme.count(serving_file.BEGIN) == 1 and "| 1 | " in readme and "| 4+ | " in readme
     assert "no slower than no speculation at every eval temperature" in readme
     if serving["schedule"]:
         sc = serving["schedule"]["speculative_config"]
@@ -228,7 +228,7 @@ def test_eval_picks_the_method_and_k_and_a_reexport_keeps_them(report):
                                  ) >= 1.0
         assert vllm_lookup(sc)[1:] == [scheduled_k(sched, b) for b in range(1, 9)]
     export.export(run, ["export.check=false"])  # the same head again: the pick stays
-    assert json.loads((run / "export" / measured.SERVING_FILE).read_text()) == serving
+    assert json.loads((run / "export" / serving_file.SERVING_FILE).read_text()) == serving
     assert (run / "export" / "README.md").read_text() == readme
     meta = json.loads((run / "export" / "meta.json").read_text())
     assert meta["serving"]["report"] == report["files"]["json"]
@@ -254,7 +254,7 @@ def test_where_no_speculation_is_fastest_serving_json_gets_k_0_and_vllm_drafts_n
 
     from draftkit.core import config
     from draftkit.core.prepared_data import load_prompts
-    from draftkit.export import choice, measured
+    from draftkit.export import choice, serving_file
     from draftkit.serving import vllm_engine
     from draftkit.serving.counters import SpecCounters
 
@@ -274,8 +274,8 @@ def test_where_no_speculation_is_fastest_serving_json_gets_k_0_and_vllm_drafts_n
     c = choice.choose(rows, 0.02, 1.0)
     c["measured"] = json.loads((run / "eval" / choice.CHOICE_FILE).read_text())["measured"]
     cfg = config.load(run)
-    serving = measured.apply_choice(cfg, out, c)
-    assert serving == json.loads((out / measured.SERVING_FILE).read_text())
+    serving = serving_file.apply_choice(cfg, out, c)
+    assert serving == json.loads((out / serving_file.SERVING_FILE).read_text())
     by_batch = {r["batch_from"]: r for r in serving["ranges"]}
     assert by_batch[1]["method"] == "eagle3" and by_batch[1]["k"] == 2
     assert by_batch[2]["method"] == "none" and by_batch[2]["speculative_config"] is None
