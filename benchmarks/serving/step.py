@@ -25,6 +25,7 @@ import torch
 from benchmarks import report
 from benchmarks.serving import step_timers
 from draftkit.core import artifacts, config, hardware
+from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle_family.model import Eagle3Draft
 from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.eval import splits, stage
@@ -36,6 +37,7 @@ from draftkit.target.load import run_target_dir
 from draftkit.target.tokens import end_of_turn_ids
 
 DRAFTS = ("eagle3", "draft_model")  # methods with a draft model (profiled)
+EXPORT_METHOD = "eagle3"  # the vLLM method that serves --run's export here (an EAGLE-3 head)
 SERVED_BY = {"draft_model": "draft-lm"}  # a row's method -> the draft kind serving it
 PART_LABELS = {"target_forward": "target fwd", "target_logits": "target logits",
                "sample": "sample/reject", "draft_forward": "draft fwds",
@@ -54,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             opened = config.open_run(args.run)
             src, export = Path(args.run), opened.export_dir
-            if opened.cfg.draft.kind != "eagle3" or not (export / "config.json").is_file():
+            if (kinds.of(opened.cfg).method != EXPORT_METHOD
+                    or not (export / "config.json").is_file()):
                 print(f"error: {export} holds no EAGLE-3 export; run `draftkit export "
                       f"{args.run}` on an eagle3 run first", file=sys.stderr)
                 return 2
@@ -95,7 +98,7 @@ def measure(args, cfg, export: Path, prompts: list[list[int]]) -> dict:
     if args.draft_lm:
         methods.append("draft_model")
     batches = [int(b) for b in args.batch.split(",")]
-    drafts = {"eagle3": export, "draft_model": args.draft_lm}
+    drafts = {EXPORT_METHOD: export, "draft_model": args.draft_lm}
     rows, profiles, engines = [], [], []
     for method in methods:
         serve(args, cfg, method, drafts.get(method), prompts, batches, False,
