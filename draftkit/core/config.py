@@ -56,7 +56,7 @@ DEFAULT_KIND = "eagle3"  # the draft kind of a run that names none (init --draft
 
 @dataclass
 class DraftConfig:
-    kind: str = DEFAULT_KIND  # a folder of drafts/: eagle3 | draft-lm | peagle | pard (drafts/kind.py)
+    kind: str = DEFAULT_KIND  # a kind of drafts/kind.py: eagle3 | draft-lm | peagle | pard | dflash
     num_speculative_tokens: int = 3  # k; 3 was best in the NeMo-RL study
     # how vLLM drafts at T > 0 (its speculative_config.draft_sample_method): greedy (vLLM's
     # default) = the draft's argmax, accepted with the target's p(x); probabilistic = sampled
