@@ -20,10 +20,10 @@ STAGE_DEBTS: set[tuple[str, str]] = set()
 DEBT_FILES: set[str] = set()
 # Longer cycles (three or more subpackages) still there: none may be added.
 CYCLE_DEBTS: set[frozenset[str]] = set()
-# Deferred internal imports: the share today, to be brought under 10% (issue #41); it may
-# only fall.
-DEFERRED_CEILING = 0.05
-SILENT_CEILING = 14  # deferred imports with no comment giving the reason: to reach 0
+# Deferred internal imports: under 2% today (8 of 486: cli.py keeps torch out of `--help`,
+# vllm_plugin's subclasses vLLM at import); it may only fall, and each one says why.
+DEFERRED_CEILING = 0.02
+SILENT_CEILING = 0  # deferred imports with no comment giving the reason
 
 
 def imports(path: Path) -> list[tuple[str, ast.stmt, bool]]:

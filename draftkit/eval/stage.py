@@ -29,7 +29,7 @@ decoder of spec_decode.py over `eval.reference_prompts` prompts at each (k, T).
 Outputs: <run>/eval/eval-<run>-<time>.{json,md} + PNG plots (report.py) and meta.json
 (`eval.results_dir=DIR`: the files in DIR, json/md copied into <run>/eval). From the vLLM rows,
 the method and k to serve per batch size (export/choice.py): <run>/eval/choice.json, and serving.json +
-README snippets in the export it measured (export/measured.py; a re-export keeps them).
+README snippets in the export it measured (export/serving_file.py; a re-export keeps them).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from draftkit.eval import report, splits
 from draftkit.eval.costs import add_projections, step_costs
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
 from draftkit.export import choice
-from draftkit.export.measured import apply_choice
+from draftkit.export.serving_file import apply_choice
 from draftkit.serving import vllm_engine
 from draftkit.serving.counters import SpecCounters
 from draftkit.serving.vllm_engine import EngineStartError

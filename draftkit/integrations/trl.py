@@ -52,6 +52,15 @@ import torch
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import aux_layer_ids
+from draftkit.export.serving_file import SERVING_FILE
+from draftkit.export.stage import load_speculative_config
+from draftkit.rl.capture import Taps
+from draftkit.rl.publish import DraftStore
+from draftkit.rl.refresher import DraftRefresher
+from draftkit.serving import drafter_swap, policy_sync, vllm_engine
+from draftkit.serving.counters import SpecCounters
+from draftkit.serving.drafter_swap import DraftSwapError
+from draftkit.target.capture import check_layer_ids, decoder_layers
 
 TESTED_TRL = "1.16.0"  # the hooks below read TRL internals of this version
 FIX = "pip install 'draftkit[trl]'"
@@ -103,8 +112,6 @@ def draft_speculative_config(draft_dir: str | Path, k: int | None = None) -> dic
     """vLLM's speculative_config for the draft in `draft_dir`: serving.json's one-engine
     schedule where it serves the draft's own method, else the draft's speculative_config.json;
     `model` resolved to the dir, `k` (if given) replaces the served k."""
-    from draftkit.export.measured import SERVING_FILE
-    from draftkit.export.stage import load_speculative_config
 
     draft_dir = Path(draft_dir)
     sc = load_speculative_config(draft_dir)
@@ -123,8 +130,6 @@ class SpeculativeRollouts:
     """The state the integration keeps beside one trainer: its engine, refresher and records."""
 
     def __init__(self, cfg: DraftkitConfig):
-        from draftkit.rl.publish import DraftStore
-        from draftkit.serving import vllm_engine
 
         self.cfg = cfg
         self.trainer = self.llm = self.refresher = self.taps = None
@@ -145,7 +150,6 @@ class SpeculativeRollouts:
     # ---------------------------------------------------------------- the engine TRL builds
 
     def engine_kwargs(self) -> dict:
-        from draftkit.serving import drafter_swap, policy_sync, vllm_engine
 
         out = {**vllm_engine.suffix_engine_kwargs(self.speculative)}
         if self.cfg.method == "draft":
@@ -159,7 +163,6 @@ class SpeculativeRollouts:
                      max_num_seqs: int | None = None, seed: int = 0, **trl_kwargs):
         """Stands in for vllm.LLM while TRL builds its colocated engine: TRL's keywords, plus
         the draft's speculative config and what draftkit's checks need."""
-        from draftkit.serving import vllm_engine
 
         spec = vllm_engine.EngineSpec(
             model=model, speculative_config=self.speculative, dtype=self.cfg.dtype, seed=seed,
@@ -210,7 +213,6 @@ class SpeculativeRollouts:
             self._sync_dir = tempfile.mkdtemp(prefix="draftkit-trl-policy-")
             gen.sync_weights = self._sync_weights
         if self.cfg.method == "draft" and self.cfg.refresh:
-            from draftkit.rl.refresher import DraftRefresher
 
             self.refresher = DraftRefresher(self.cfg.run, self.cfg.overrides, self.cfg.every,
                                             self.cfg.al_drop)
@@ -220,7 +222,6 @@ class SpeculativeRollouts:
         trainer.add_callback(_StepEnd(self))
 
     def _observing(self, generate):
-        from draftkit.serving.counters import SpecCounters
 
         def observed(*args, **kwargs):
             before, t0 = SpecCounters.read(self.llm), time.perf_counter()
@@ -255,7 +256,6 @@ class SpeculativeRollouts:
     def _sync_weights(self) -> None:
         """TRL's sync_weights on vLLM's CPU platform: the policy's weights into the live engine
         by vLLM's in-place reload (serving/policy_sync.py), then the prefix cache dropped."""
-        from draftkit.serving import policy_sync
 
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         report = policy_sync.sync_policy(self.llm, model, self._sync_dir)
@@ -292,7 +292,6 @@ class SpeculativeRollouts:
     def follow(self) -> None:
         """Swap in the run's current draft when the engine holds another one (a version that a
         `draftkit watch` in another process published)."""
-        from draftkit.serving import drafter_swap
 
         want = os.path.realpath(self.refresher.store.current_dir())
         if want == self._refused or want == drafter_swap.drafter_path(self.llm):
@@ -303,7 +302,6 @@ class SpeculativeRollouts:
     def swap(self) -> dict:
         """The run's current draft into TRL's engine, checked (DraftRefresher.swap_into): on a
         refusal the engine keeps its previous draft and training goes on."""
-        from draftkit.serving.drafter_swap import DraftSwapError
 
         want = os.path.realpath(self.refresher.store.current_dir())
         try:
@@ -330,8 +328,6 @@ class TrainerTaps:
     (`mask_truncated_completions`) matches no rollout and is computed by the refresh."""
 
     def __init__(self, trainer, layer_ids: list[int]):
-        from draftkit.rl.capture import Taps
-        from draftkit.target.capture import check_layer_ids, decoder_layers
 
         self.model = trainer.accelerator.unwrap_model(trainer.model)
         n = len(decoder_layers(self.model))
@@ -352,7 +348,6 @@ class TrainerTaps:
     @contextlib.contextmanager
     def _hooks(self):
         """{layer id: [[B, T, H] per forward]} filled while the block runs (TRL may chunk)."""
-        from draftkit.target.capture import decoder_layers
 
         got: dict[int, list[torch.Tensor]] = {k: [] for k in self.layer_ids}
         base, layers = getattr(self.model, "model", self.model), decoder_layers(self.model)
