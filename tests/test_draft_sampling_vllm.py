@@ -6,7 +6,7 @@ flat distributions make that rare. The trained EAGLE-3 export is served both way
 from __future__ import annotations
 
 import pytest
-from _runs import DRAFT, chat_prompts, make_run, save_best, train_draft
+from _runs import DRAFT, chat_prompts, make_run, save_best
 
 from draftkit.core import config
 from draftkit.core.config import ConfigError
@@ -51,13 +51,16 @@ def test_probabilistic_drafting_accepts_a_matching_draft(tmp_path, tiny_target):
 
 
 @pytest.mark.vllm
-def test_eagle3_export_drafts_probabilistically(tmp_path, tiny_target):
-    prompts = chat_prompts(tiny_target.tokenizer, PROMPTS)
+def test_eagle3_export_drafts_probabilistically(tmp_path, trained_draft):
+    """The session's trained head (conftest.trained_draft: the same DRAFT overrides,
+    train.ttt_steps=3, 8 chat prompts, 40 new tokens; training does not read the sample
+    method), exported by a run that drafts probabilistically."""
+    prompts = trained_draft["prompts"]
+    assert len(prompts) == PROMPTS
     run = make_run(tmp_path, prompts=prompts, name="sampled",
                    overrides=[*DRAFT, "train.ttt_steps=3", "eval.dtype=float32",
                               "draft.draft_sample_method=probabilistic"])
-    model, metrics = train_draft(run, tiny_target, prompts, new_tokens=40)
-    save_best(run, model, metrics, step=150)
+    save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
     out = export.export(run, ["export.check=false"])
     sc = export.load_speculative_config(out)
     assert sc["draft_sample_method"] == "probabilistic"
