@@ -28,8 +28,8 @@ def test_config_defaults_overrides_and_errors(tmp_path):
     cfg = grpo_loop.load_config(y, ["lr=1e-4"])
     assert (cfg.group_size, cfg.lr, cfg.tracking.backend) == (8, 1e-4, "none")
     with pytest.raises(DraftkitError, match="draft_run"):
-        grpo_loop.load_config(None, ["draft=eagle3"])
-    with pytest.raises(DraftkitError, match="refresh needs draft=eagle3"):
+        grpo_loop.load_config(None, ["draft=draft"])
+    with pytest.raises(DraftkitError, match="refresh needs draft=draft"):
         grpo_loop.load_config(None, ["draft=ngram", "refresh_every=2"])
     with pytest.raises(DraftkitError, match="group_size"):
         grpo_loop.load_config(None, ["draft=none", "group_size=1"])
@@ -46,7 +46,7 @@ def test_loop_updates_policy_in_engine_and_refreshes_draft(tmp_path, tiny_target
     monkeypatch.setattr(grpo_loop.reward, "math_reward", varied)
     run = make_run(tmp_path / "runs", tiny_target)
     cfg = grpo_loop.load_config(None, [
-        "target=tiny-llama", "draft=eagle3", f"draft_run={run}", "steps=2",
+        "target=tiny-llama", "draft=draft", f"draft_run={run}", "steps=2",
         "prompts_per_step=2", "group_size=3", "max_tokens=24", "lr=1e-2", "max_model_len=512",
         "refresh_every=1", "tracking.backend=none",
         "refresh_overrides=[refresh.budget_steps=20, refresh.lr=3e-3, refresh.gate=false,"

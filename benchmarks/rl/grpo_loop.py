@@ -40,6 +40,7 @@ from benchmarks.rl import grpo, reward
 from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.core.config import TrackingConfig
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 from draftkit.prepare import mathgen
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
@@ -48,7 +49,7 @@ from draftkit.serving.drafter_swap import DraftSwapError
 from draftkit.target.load import target_dir
 from draftkit.train.loop import Tracker
 
-DRAFTS = ("eagle3", "ngram", "suffix", "none")
+DRAFTS = ("draft", "ngram", "suffix", "none")
 
 
 @dataclass
@@ -67,8 +68,8 @@ class LoopConfig:
     kl_samples: int = 4  # rollouts per step the logged KL-to-initial is measured on
     loss_agg: str = "token"  # token | sequence
     format_weight: float = 0.1  # reward for stating the answer as '#### N'
-    draft: str = "eagle3"  # eagle3 | ngram | suffix | none
-    draft_run: str = ""  # eagle3: run dir whose drafts/current (or export) is the draft
+    draft: str = "draft"  # draft (draft_run's trained draft, any kind) | ngram | suffix | none
+    draft_run: str = ""  # draft: run dir whose drafts/current (or export) is the draft
     k: int = 3  # speculative tokens
     refresh_every: int = 0  # DraftRefresher: refresh every N steps (0 = off)
     refresh_al_drop: float = 0.0  # ... or when rollout AL < (1 - x) * AL after the last refresh
@@ -82,13 +83,13 @@ class LoopConfig:
     def check(self) -> LoopConfig:
         if self.draft not in DRAFTS:
             raise DraftkitError(f"draft={self.draft!r} is not one of {', '.join(DRAFTS)}")
-        if self.draft == "eagle3" and not self.draft_run:
-            raise DraftkitError("draft=eagle3 needs draft_run=RUN_DIR (a run with an exported "
-                                "EAGLE-3 head for this target); or use draft=ngram / none")
+        if self.draft == "draft" and not self.draft_run:
+            raise DraftkitError("draft=draft needs draft_run=RUN_DIR (a run with an exported "
+                                "draft for this target); or use draft=ngram / none")
         if self.group_size < 2:
             raise DraftkitError("group_size must be >= 2: GRPO normalises within a group")
-        if (self.refresh_every or self.refresh_al_drop) and self.draft != "eagle3":
-            raise DraftkitError("refresh needs draft=eagle3 (n-gram, suffix and none have no "
+        if (self.refresh_every or self.refresh_al_drop) and self.draft != "draft":
+            raise DraftkitError("refresh needs draft=draft (n-gram, suffix and none have no "
                                 "weights)")
         if self.draft == "suffix":
 
@@ -98,7 +99,7 @@ class LoopConfig:
 
     @property
     def refreshing(self) -> bool:
-        return self.draft == "eagle3" and bool(self.refresh_every or self.refresh_al_drop)
+        return self.draft == "draft" and bool(self.refresh_every or self.refresh_al_drop)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> LoopConfig:
@@ -130,10 +131,11 @@ def speculative_config(cfg: LoopConfig) -> dict | None:
         return vllm_engine.ngram_config(cfg.k)
     if cfg.draft == "suffix":  # drafts from the group's sibling rollouts and earlier steps'
         return vllm_engine.suffix_config(cfg.k)
-    if cfg.draft == "eagle3":  # drafted as the draft run says (draft.draft_sample_method)
-        sample = config.load(cfg.draft_run).draft.draft_sample_method
+    if cfg.draft == "draft":  # asked of the run's kind, drafted as the run says
+        run_cfg = config.load(cfg.draft_run)
         current = DraftStore(cfg.draft_run).current_dir()
-        return vllm_engine.speculative_config("eagle3", cfg.k, current, sample)
+        return kinds.of(run_cfg).speculative_config(current, cfg.k,
+                                                    run_cfg.draft.draft_sample_method)
     return None
 
 

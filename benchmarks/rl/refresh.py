@@ -164,24 +164,28 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
             speculative_config=spec,
             extra=vllm_engine.suffix_engine_kwargs(spec) or policy_sync.engine_kwargs()))
 
-    def eagle3(draft_dir) -> dict:
-        return vllm_engine.speculative_config("eagle3", cfg.k, draft_dir, cfg.draft_sampling)
+    kind = kinds.of(config.load(cfg.draft_run))  # the draft's kind serves and swaps it
+
+    def spec(draft_dir) -> dict:
+        return kind.speculative_config(draft_dir, cfg.k, cfg.draft_sampling)
 
     rows, swap = {}, {}
-    with engine(v0, eagle3(v0_draft)) as llm:
+    with engine(v0, spec(v0_draft)) as llm:
         rows["v0/v0"] = measure(llm, prompts, cfg)
-    with engine(vn, eagle3(v0_draft)) as llm:
+    with engine(vn, spec(v0_draft)) as llm:
         rows["stale"] = measure(llm, prompts, cfg)
         t0 = time.perf_counter()
         # the check asks only "did it arrive": AL > 1 on prompts of the rollouts it learned
         probes = DraftRefresher(Path(cfg.work_dir) / "refresh-run").probes()
-        swapped = drafter_swap.swap_into(llm, refreshed["dir"], kinds.get("eagle3"),
+        swapped = drafter_swap.swap_into(llm, refreshed["dir"], kind,
                                          probes, min_al=1.001, max_tokens=32)
         swap = {"load_s": swapped["swap_s"], "with_check_s": time.perf_counter() - t0,
                 "restart": False}
         rows["refreshed"] = measure(llm, prompts, cfg)
     if cfg.scratch_run:
-        with engine(vn, eagle3(Path(cfg.scratch_run) / "export")) as llm:
+        scratch = kinds.of(config.load(cfg.scratch_run)).speculative_config(
+            Path(cfg.scratch_run) / "export", cfg.k, cfg.draft_sampling)
+        with engine(vn, scratch) as llm:
             rows["scratch"] = measure(llm, prompts, cfg)
     for method in cfg.free_methods:
         if method == "suffix" and (why := vllm_engine.suffix_unavailable()):
