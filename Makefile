@@ -71,4 +71,4 @@ bench: setup
 	$(BIN)/python scripts/bench_learning.py
 
 clean-demo:
-	rm -rf $(DEMO_DIR)/$(RUN)
+	rm -rf $(DEMO_DIR)/$(RUN) $(DEMO_DIR)/$(RUN)-dflash
