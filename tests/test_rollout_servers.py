@@ -157,6 +157,24 @@ def test_one_engine_of_two_fails_each_records_its_own(run, monkeypatch):
     assert store.current() == "v0002" and store.failure("v0002") is None  # a took it
 
 
+def test_a_long_error_keeps_its_verdict_and_restored_tail(run, monkeypatch):
+    """A check's error names two draft paths; under a deep run directory (CI's
+    /tmp/pytest-of-root/pytest-101/...) the summary once cut it before "is restored"."""
+    deep = "/very/deep/ci/tmp/pytest-of-root/pytest-101/rollout0/" + "x" * 120
+    def swap_engine(url, directory, *args, **kwargs):
+        raise rollout_client.EngineError(
+            url, f"engine {url}: swap to {deep}/v0002 failed its check: probe AL 1.000 <= "
+            f"minimum 1.2 over 312 drafts; the previous draft {deep}/v0001 is restored (worker "
+            "hashes equal those before the swap)", "failed", True, f"{deep}/v0001", "v0001")
+    monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
+    store = DraftStore(run)
+    store.set_current("v0002")
+    with pytest.raises(engines.EngineSwapError) as e:
+        engines.push(run, ["http://a:1"])
+    assert "failed its check" in str(e.value) and "v0001 is restored" in str(e.value)
+    assert "is restored" in store.failure("v0002")["reason"]
+
+
 def test_a_draft_every_engine_refuses_is_marked_failed(run, monkeypatch):
     a, b = "http://a:1", "http://b:2"
     _fake_swaps(monkeypatch, {a: "failed", b: "failed"})

@@ -181,12 +181,18 @@ def _judge(store: DraftStore, version: str, results: dict) -> None:
     if store.version_of(store.root / version) and len(checked) == len(results):
         back = next((r["version"] for r in checked if r.get("restored")), None)
         store.mark_failed(version, f"failed the check on every engine: "
-                          f"{next(iter(bad.values()))['error'][:300]}",
+                          f"{_brief(next(iter(bad.values()))['error'])}",
                           back_to=back if back and back.startswith("v") else None,
                           engines=list(results))
-    lines = "; ".join(f"{u}: {r['status']} ({r['error'][:300]})" for u, r in bad.items())
+    lines = "; ".join(f"{u}: {r['status']} ({_brief(r['error'])})" for u, r in bad.items())
     raise EngineSwapError(f"{len(bad)} of {len(results)} engines do not serve {version}: "
                           f"{lines}. drafts/engines.json records what each one serves", results)
+
+
+def _brief(error: str, limit: int = 1000) -> str:
+    """An engine's error for a one-line summary: whole up to `limit` characters (a check's
+    verdict and its "is restored" tail both fit with long run paths), else head ... tail."""
+    return error if len(error) <= limit else f"{error[:limit // 2]} ... {error[-limit // 2:]}"
 
 
 def swap(urls: list[str], draft: str | Path, overrides: list[str] | None = None) -> dict:
