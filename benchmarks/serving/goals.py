@@ -3,8 +3,9 @@
 One vLLM engine per (method, k), one after another in this run: no speculation, n-gram and
 suffix decoding (k=--k), each draft (`--run` and `--drafts`: runs with an export; the kind
 says how vLLM serves it) at every k of `--draft-k`, and the exported choice: the one engine of
-`--run`'s export/serving.json (`draftkit eval` wrote it: one method, a k per batch range, k 0
-where no speculation measured fastest; export/choice.py). Each engine serves the demo's three
+`--run`'s export/serving.json (`draftkit eval` wrote it: one method, a measured safe k per
+batch range; none where some range must not draft, then no speculation's rows stand for it;
+export/choice.py). Each engine serves the demo's three
 prompt splits (unseen templates: the run's held-out eval split; seen templates; hand-written;
 eval/splits.py) at T=0 and T=1 (seeded), at batch 1, 8, 16 and 32. Rows: tokens/s, tokens per
 target step, vLLM's AL.

