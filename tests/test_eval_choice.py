@@ -286,3 +286,19 @@ def test_reexport_keeps_the_pick_and_other_weights_drop_it(tmp_path, capsys):
     assert serving_file.keep_choice(run, out) is None and "older rule" in capsys.readouterr().err
     path.unlink()  # never measured: no line, no file
     assert serving_file.keep_choice(run, out) is None and capsys.readouterr().err == ""
+
+
+def test_a_pick_whose_schedule_holds_k_0_is_picked_again_from_its_report(tmp_path, capsys):
+    out = fake_export(tmp_path)
+    run, today = saved(tmp_path, out)
+    path = run.paths.eval / choice.CHOICE_FILE
+    old = {**today, "dynamic": {"method": "eagle3", "num_speculative_tokens": 3,
+                                "num_speculative_tokens_per_batch_size": [[1, 7, 3], [16, 16, 0]]}}
+    path.write_text(json.dumps(old))
+    assert serving_file.keep_choice(run, out) is None  # no report beside it: says so, keeps it
+    assert "its eval report" in capsys.readouterr().err and json.loads(path.read_text()) == old
+    (run.paths.eval / "eval.json").write_text(json.dumps({"vllm": {"rows": ROWS}}))
+    serving = serving_file.keep_choice(run, out)
+    assert json.loads(path.read_text()) == today  # the same rows, today's rule: n-gram, no k 0
+    assert serving["schedule"]["speculative_config"]["method"] == "ngram"
+    assert "picked again from eval.json" in capsys.readouterr().err

@@ -34,6 +34,7 @@ parallelism vLLM drops it (docs/lifecycle.md#how-the-method-and-k-are-chosen).
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -178,7 +179,8 @@ def save(rep: dict, cfg, eval_dir: Path, export_dir: Path) -> dict:
 def load(eval_dir: Path, export_dir: Path) -> tuple[dict | None, str | None]:
     """(choice, None) when <eval_dir>/choice.json measured the weights now in `export_dir`;
     (None, why) when it exists but measured other weights or was picked by an older rule;
-    (None, None) when there is none."""
+    (None, None) when there is none. A choice whose schedule holds k 0 (the rule before
+    `dynamic` refused it) is picked again from its eval report's rows and rewritten."""
     path = Path(eval_dir) / CHOICE_FILE
     if not path.is_file():
         return None, None
@@ -190,4 +192,23 @@ def load(eval_dir: Path, export_dir: Path) -> tuple[dict | None, str | None]:
         return None, (f"{path} was picked by an older rule (the geometric mean of speedup over "
                       "T, which could serve a method slower than no speculation at T=1): "
                       "re-run `draftkit eval` to pick the method and k again")
+    if any(k == 0 for *_, k in (choice.get("dynamic") or {}).get(
+            "num_speculative_tokens_per_batch_size", [])):
+        return again(path, choice)
+    return choice, None
+
+
+def again(path: Path, old: dict) -> tuple[dict | None, str | None]:
+    """`old` (a choice.json whose schedule holds k 0) picked again by today's rule from the
+    same eval report's rows, with the same margin and temperature; written back atomically."""
+    report = path.parent / Path(old["measured"].get("report") or "?").name
+    if not report.is_file():
+        return None, (f"{path} holds a k 0 schedule (a rule before this one: a speculative engine "
+                      f"at k 0 is slower than none) and its eval report {report} is gone: "
+                      "re-run `draftkit eval` to pick the method and k again")
+    rows = artifacts.read_json(report)["vllm"]["rows"]
+    choice = {**choose(rows, old["margin"], old["temperature"]), "measured": old["measured"]}
+    artifacts.write_json_atomic(path, choice)
+    print(f"export: {path} picked again from {report.name} (its schedule held k 0)",
+          file=sys.stderr)
     return choice, None
