@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     result = trl_grpo.run(cfg, out)
     result["meta"] = provenance.make_meta("bench_trl", result["config"])
     md = trl_grpo.markdown(result)
-    report.write_report(out, "bench_trl", result, md)
+    report.write_report(out, "bench_trl", result, md,
+                        plot=lambda path: trl_grpo.plot(result, path))
     print(md)
 
 

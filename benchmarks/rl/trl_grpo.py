@@ -192,8 +192,12 @@ def _f(x, fmt: str) -> str:
 def markdown(result: dict) -> str:
     cfg, sums = result["config"], result["summary"]
     none_tps = next((s["rollout_tokens_per_s"] for s in sums if s["variant"] == "none"), None)
-    cpu = ((result.get("meta") or {}).get("hardware") or {}).get("cpu_model", "this CPU")
-    lines = [f"# TRL GRPO with draftkit ({cpu})",
+    meta = result.get("meta") or {}
+    cpu = (meta.get("hardware") or {}).get("cpu_model", "this CPU")
+    cmd = " ".join(["python", *meta.get("argv", ["scripts/bench_trl.py"])])
+    lines = [f"# TRL GRPO with draftkit ({cpu})", "",
+             f"Command: `{cmd}` at code `{(meta.get('git_sha') or '?')[:7]}`. Each variant is one "
+             "process (TRL's trainer and its colocated vLLM engine), one after another.",
              "", f"{cfg['steps']} steps; T=1.0 (TRL's default), generation batch "
              f"{cfg['prompts'] * cfg['generations']}, {cfg['max_tokens']} tokens per completion; "
              f"refresh interval {cfg['every']} steps.", "",
@@ -222,3 +226,27 @@ if __name__ == "__main__":  # one variant, in the process its trainer and engine
     _out, _variant = Path(sys.argv[1]), sys.argv[2]
     _res = one(config.merge(BenchConfig(), json.loads(sys.argv[3])), _variant, _out)
     artifacts.write_json_atomic(_out / "bench_trl_runs" / f"{_variant}.json", _res)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Per GRPO step and variant: rollout tokens/s and tokens per target step."""
+    from benchmarks import report
+
+    plt = report.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for res in result["runs"]:
+        steps = [x["step"] for x in res["steps"]]
+        axes[0].plot(steps, [x["tokens_per_s"] for x in res["steps"]], "o-", label=res["variant"])
+        axes[1].plot(steps, [x["tokens_per_target_step"] for x in res["steps"]], "o-",
+                     label=res["variant"])
+        for e in res["events"]:
+            if e["event"] == "refresh":
+                axes[1].axvline(e.get("step", 0), color="gray", lw=0.5)
+    axes[0].set(xlabel="GRPO step", ylabel="rollout tokens/s", title="rollout speed")
+    axes[1].set(xlabel="GRPO step", ylabel="tokens per target step",
+                title="tokens per target step (grey: a refresh)")
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

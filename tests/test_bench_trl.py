@@ -1,0 +1,46 @@
+"""scripts/bench_trl.py's arithmetic and report (benchmarks/rl/trl_grpo.py) on two variants'
+per-step records: tokens per target step, rollout tokens/s, refresh share, the Markdown table
+with its command and commit, the PNG. The GRPO runs themselves are tests/test_trl_vllm.py's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.rl import trl_grpo
+
+
+def step(i, tokens, seconds, accepted, step_time):
+    return {"step": i, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "drafts": 1 if accepted else 0, "accepted": accepted, "al": None,
+            "tokens_per_target_step": tokens / (tokens - accepted), "step_time": step_time,
+            "reward": 0.0}
+
+
+RESULT = {"config": {"steps": 2, "prompts": 2, "generations": 2, "max_tokens": 16, "every": 1},
+          "meta": {"argv": ["scripts/bench_trl.py", "run=runs/demo"], "git_sha": "abcdef0123",
+                   "hardware": {"cpu_model": "Some CPU"}},
+          "runs": [{"variant": "none", "steps": [step(0, 64, 4.0, 0, 10.0), step(1, 64, 4.0, 0, 10.0)],
+                    "events": [], "taps_copy_s": None},
+                   {"variant": "refresh", "steps": [step(0, 64, 2.0, 32, 8.0), step(1, 64, 2.0, 16, 12.0)],
+                    "events": [{"event": "refresh", "step": 1, "refresh_s": 5.0,
+                                "capture": {"seconds": 0.5, "taps": {"rows": 4, "computed_rows": 0}},
+                                "swap": {"ok": True}}],
+                    "taps_copy_s": 0.2}]}
+
+
+def test_summary_and_report(tmp_path):
+    result = {**RESULT, "summary": [trl_grpo.summary(r) for r in RESULT["runs"]]}
+    none, ref = result["summary"]
+    assert none["rollout_tokens_per_s"] == 16.0 and none["tokens_per_target_step"] == 1.0
+    assert ref["rollout_tokens_per_s"] == 32.0
+    assert ref["tokens_per_target_step"] == pytest.approx(128 / (128 - 48))
+    assert ref["refresh_share_of_step"] == pytest.approx(5.0 / 10.0)
+    assert (ref["rows_from_taps"], ref["rows_computed"], ref["swaps_ok"]) == (4, 0, 1)
+    md = trl_grpo.markdown(result)
+    assert "| refresh | 32.0 | 2.00x | 1.60 | 10.00 | 1 |" in md
+    assert "`python scripts/bench_trl.py run=runs/demo` at code `abcdef0`" in md and "Some CPU" in md
+    trl_grpo.plot(result, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    json.dumps(result)  # what write_report stores
