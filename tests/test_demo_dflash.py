@@ -13,6 +13,7 @@ from _runs import DRAFT, make_run, script, write_token_counts
 from draftkit import api
 from draftkit.core import config
 from draftkit.core.errors import DraftkitError
+from draftkit.eval import compare
 from draftkit.eval import stage as eval_stage
 from draftkit.harvest import stage as harvest_stage
 
@@ -75,7 +76,7 @@ def test_the_sibling_is_a_dflash_run_on_the_heads_data_and_harvest(runs, sibling
 
 def test_eval_serves_the_compared_export_as_its_own_method_outside_the_choice(runs, sibling):
     cfg = config.load(runs, [f"eval.compare_runs=[{sibling}]", "eval.k_values=[3]"])
-    compared = eval_stage.compared_drafts(cfg)
+    compared = compare.compared_drafts(cfg)
     assert list(compared) == ["dflash"] and compared["dflash"][1] == sibling / "export"
     assert eval_stage.methods(cfg, compared) == [("none", None), ("ngram", 3), ("suffix", 3),
                                                  ("eagle3", 3), ("dflash", 3)]
@@ -83,17 +84,17 @@ def test_eval_serves_the_compared_export_as_its_own_method_outside_the_choice(ru
     assert (spec["method"], spec["model"], spec["num_speculative_tokens"]) == (
         "dflash", str(sibling / "export"), 3)
     rows = [{"method": m, "k": k} for m, k in eval_stage.methods(cfg, compared)]
-    assert [r["method"] for r in eval_stage.candidates(rows, cfg)] == [
+    assert [r["method"] for r in compare.candidates(rows, cfg)] == [
         "none", "ngram", "suffix", "eagle3"]
 
 
 def test_bad_compare_runs_are_refused_with_the_fix(runs, sibling, tmp_path):
     same = config.load(runs, [f"eval.compare_runs=[{runs}]"])
     with pytest.raises(DraftkitError, match="compare drafts of another kind"):
-        eval_stage.compared_drafts(same)
+        compare.compared_drafts(same)
     missing = config.load(runs, [f"eval.compare_runs=[{tmp_path / 'nope'}]"])
     with pytest.raises(DraftkitError, match="is not a draftkit run"):
-        eval_stage.compared_drafts(missing)
+        compare.compared_drafts(missing)
     twice = config.load(runs, [f"eval.compare_runs=[{sibling},{sibling}]"])
     with pytest.raises(DraftkitError, match="like another row"):
-        eval_stage.compared_drafts(twice)
+        compare.compared_drafts(twice)

@@ -41,12 +41,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from draftkit.core import artifacts, config, hardware
-from draftkit.core.config import Run
+from draftkit.core import config, hardware
 from draftkit.core.errors import DraftkitError
 from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
 from draftkit.eval import report, splits
+from draftkit.eval.compare import FREE, candidates, check_export, compared_drafts
 from draftkit.eval.costs import add_projections, step_costs
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
 from draftkit.export import choice
@@ -57,7 +57,6 @@ from draftkit.serving.vllm_engine import EngineStartError
 from draftkit.target.load import load_target
 
 ENGINES = ("reference", "vllm", "both")
-FREE = ("ngram", "suffix")  # speculation without a trained draft, measured beside the export
 START_CHECKS = (
     "the target dir holds config.json, weights and a tokenizer (`draftkit init` builds the "
     "embedded targets; hub targets need `huggingface-cli download`)",
@@ -154,29 +153,6 @@ def check_batches(cfg, prompts: list[list[int]]) -> None:
             f"{','.join(str(b) for b in cfg.eval.batch_sizes if b <= len(prompts))}]\")")
 
 
-def check_export(run: Run) -> Path:
-    """The export dir (export.out, default <run>/export), checked against the run's target."""
-    cfg, paths = run.cfg, run.paths
-    d = run.export_dir
-    cmd = f"draftkit export {paths.root}"
-    if not (d / "config.json").is_file():
-        raise DraftkitError(f"run {paths.root} has no exported draft ({d}/config.json is "
-                            f"missing); run `{cmd}` first")
-    conf = artifacts.read_json(d / "config.json")
-    t = cfg.target
-    try:
-        shapes = kinds.of(cfg).export_shapes(conf, cfg)  # {field: (found, wanted)}
-    except (DraftkitError, KeyError, TypeError, ValueError) as e:
-        raise DraftkitError(f"{d}/config.json is not a loadable {cfg.draft.kind} export "
-                            f"({type(e).__name__}: {e}); re-export with `{cmd}`") from e
-    bad = [f"{key} {got} != {wanted}" for key, (got, wanted) in shapes.items() if got != wanted]
-    if bad:
-        raise DraftkitError(f"the draft at {d} does not fit the run's target {t.name}: "
-                            f"{'; '.join(bad)}. It was trained for another target: re-export "
-                            f"this run's draft with `{cmd}` (after `draftkit train`).")
-    return d
-
-
 def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> dict:
     e = cfg.eval
     return {
@@ -216,43 +192,12 @@ def methods(cfg, compared: dict[str, tuple] | None = None) -> list[tuple[str, in
     return [("none", None)] + [(m, k) for k in cfg.eval.k_values for m in (*FREE, *drafts)]
 
 
-def compared_drafts(cfg) -> dict[str, tuple]:
-    """eval.compare_runs as {method: (kind, export dir)}: each run's export, checked against
-    this run's target; its method must differ from this run's and from the free methods."""
-    own = kinds.of(cfg).method
-    out: dict[str, tuple] = {}
-    for other in cfg.eval.compare_runs:
-        try:
-            run = config.open_run(other)
-        except (DraftkitError, OSError) as e:
-            raise DraftkitError(f"eval.compare_runs: {other} is not a draftkit run ({e}); "
-                                "name run dirs that hold draftkit.yaml and an export") from e
-        if run.cfg.target.name != cfg.target.name:
-            raise DraftkitError(f"eval.compare_runs: {other} drafts for {run.cfg.target.name}, "
-                                f"this run's target is {cfg.target.name}; compare runs of the "
-                                "same target")
-        kind = kinds.of(run.cfg)
-        if kind.method in (own, "none", *FREE, *out):
-            raise DraftkitError(f"eval.compare_runs: {other} is a {kind.name} draft, served as "
-                                f"method {kind.method!r} like another row of this eval; compare "
-                                "drafts of another kind (evaluate same-kind runs one by one)")
-        out[kind.method] = (kind, check_export(run))
-    return out
-
-
-def candidates(rows: list[dict], cfg) -> list[dict]:
-    """The rows this run can serve (no speculation, the free methods, its own export): the
-    serving choice and the cost projections read these; eval.compare_runs' rows are reported."""
-    serve = {"none", *FREE, kinds.of(cfg).method}
-    return [r for r in rows if r["method"] in serve]
-
-
 def measure_vllm(cfg, export_dir: Path, prompts, extra: dict | None = None,
                  compared: dict[str, tuple] | None = None
                  ) -> tuple[list[dict], dict, list[dict]]:
     """One row per (method, k, T, batch); the generated ids per row key for the lossless check;
     rows of the `extra` prompt splits (eval.splits) at the largest batch. `compared`
-    (compared_drafts): more drafts measured by the same grid."""
+    (compare.compared_drafts): more drafts measured by the same grid."""
     kind = kinds.of(cfg)
     drafts = {kind.method: (kind, export_dir), **(compared or {})}
     return measure_grid(cfg, methods(cfg, compared), drafts, prompts, extra)
