@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from draftkit.core import config, registry
+from draftkit.core import registry
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.dflash import format as fmt
 from draftkit.drafts.dflash.model import DFlashDraft
-from draftkit.drafts.eagle_family.build import load_vocab
+from draftkit.drafts.eagle_family.build import init_from_dir, lineage_diff, load_vocab
 from draftkit.drafts.eagle_family.init_layer import resolve_layer
 from draftkit.drafts.eagle_family.target_tensors import module_tensors
-from draftkit.target.lineage import same_lineage
 
 
 def mask_token_for(tokenizer) -> int:
@@ -69,8 +68,7 @@ def init_layers_from_target(model: DFlashDraft, target_model, start: int) -> Non
 def warm_start(cfg, target_model) -> DFlashDraft:
     """The DFlash draft of `train.init_from`, checked against this run (taps, layers, k,
     target lineage: shapes + tokenizer, not names)."""
-    given = RunPaths(config.run_dir_of(cfg.train.init_from))
-    src = given.train / "best" if given.config.is_file() else given.root
+    src = init_from_dir(cfg)
     model = DFlashDraft.from_pretrained(src, target_model, cfg.train.ttt_decay)
     got, d = model.spec, cfg.draft
     want = {"taps (draft.aux_layer_ids)": registry.aux_layer_ids(cfg),
@@ -81,9 +79,7 @@ def warm_start(cfg, target_model) -> DFlashDraft:
     diff = [f"{k} {have[k]} there, {v} here" for k, v in want.items() if have[k] != v]
     if d.draft_vocab_size not in (0, got.draft_vocab_size):
         diff.append(f"draft vocab {got.draft_vocab_size} there, {d.draft_vocab_size} here")
-    if got.target_name and got.target_name != cfg.target.name:
-        diff += [f"target {got.target_name!r} there, {cfg.target.name!r} here: {p}"
-                 for p in same_lineage(got.target_name, cfg.target.name)]
+    diff += lineage_diff(got, cfg)
     if diff:
         raise DraftkitError(f"train.init_from={src} does not fit this run's DFlash draft: "
                             f"{'; '.join(diff)}. Warm-start from a draft of the same target and "

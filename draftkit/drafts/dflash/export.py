@@ -3,23 +3,24 @@
 
 Reads `<run>/train/best` (DFlashDraft.save_pretrained), checks it against the run (target
 shapes, taps, k = the block the draft was trained for) and writes atomically: config.json,
-model.safetensors, mask_embedding.pt, speculative_config.json, README.md and meta.json. The
-verifier is named by hub id or registry name (drafts/eagle_family/export.portable): no local path.
+model.safetensors, mask_embedding.pt, speculative_config.json, README.md and meta.json
+(drafts/eagle_family/export.write_export). The verifier is named by hub id or registry name
+(drafts/eagle_family/export.portable): no local path.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, provenance, registry
+from draftkit.core import artifacts, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.dflash import format as fmt
-from draftkit.drafts.export_files import read_json, serving_snippets
+from draftkit.drafts.eagle_family.export import portable, write_export
+from draftkit.drafts.export_files import serving_snippets
 
 
 def export_run(run) -> Path:
@@ -38,26 +39,8 @@ def export_run(run) -> Path:
     tensors = load_file(str(best / fmt.WEIGHTS_FILE))
     fmt.check_state_dict(spec, tensors)
     mask = fmt.read_mask_embedding(best / fmt.MASK_FILE, spec.mask_token_id)
-    train_meta = read_json(best / "meta.json")
-    out = run.export_dir.resolve()
-    with artifacts.atomic_dir(out, overwrite=True) as tmp:
-        write_files(tmp, out, spec, tensors, mask, cfg)
-        provenance.write_meta(tmp, "export", cfg.to_dict(),
-                              {"export_s": time.perf_counter() - t0}, source=str(best),
-                              train_step=train_meta.get("step"),
-                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
-    sc = run_speculative_config(spec.num_speculative_tokens, cfg, model=str(out))
-    print(f"exported {out}\n  vllm serve {spec.verifier_name_or_path} --speculative-config "
-          f"'{json.dumps(sc)}'")
-    return out
-
-
-def portable(spec: fmt.DFlashSpec, cfg) -> fmt.DFlashSpec:
-    """The spec naming its target by hub id or registry name, never a local path."""
-    info = registry.lookup(cfg.target.name)
-    name = info.name if info is not None else Path(cfg.target.name).name
-    verifier = cfg.target.hub_id or (info.hub_id if info is not None else "") or name
-    return dataclasses.replace(spec, verifier_name_or_path=verifier, target_name=name)
+    return write_export(run, best, spec,
+                        lambda tmp, out: write_files(tmp, out, spec, tensors, mask, cfg), t0)
 
 
 def check_against_run(spec: fmt.DFlashSpec, cfg) -> None:

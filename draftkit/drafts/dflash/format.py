@@ -20,6 +20,8 @@ v1/spec_decode/llm_base_proposer.py, v1/worker/gpu/spec_decode/eagle/eagle3_util
 - mask_embedding.pt beside them: {"mask_token_id": m, "embedding": [H]}. A full target vocab
   (SmolLM2, tiny-llama) has no spare id, so the mask token is an existing id (`mask_token_for`)
   whose query-slot embedding vLLM replaces by this learned vector wherever the id appears.
+The decoder fields (written, read back, taken from a run) and the shape check of the state dict
+are the EAGLE-3 format's (drafts/eagle_family/format.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 from draftkit.core import artifacts, registry
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.eagle_family.format import rope_parameters as eagle3_rope
+from draftkit.drafts.eagle_family import format as eagle3_fmt
 from draftkit.drafts.eagle_family.vocab import validate
 
 FORMAT_VERSION = 1
@@ -106,14 +108,7 @@ def spec_from_run_config(cfg, draft_vocab_size: int, mask_token_id: int,
         raise DraftkitError(f"draft.num_layers={d.num_layers}: a DFlash draft has 1 or more "
                             f"layers (0 = {DEFAULT_LAYERS})")
     return DFlashSpec(
-        hidden_size=t.hidden_size, intermediate_size=d.intermediate_size or t.intermediate_size,
-        num_attention_heads=d.num_attention_heads or t.num_attention_heads,
-        num_key_value_heads=d.num_key_value_heads or t.num_key_value_heads,
-        head_dim=d.head_dim or t.head_dim, rms_norm_eps=t.rms_norm_eps,
-        rope_theta=float(t.rope_theta),
-        rope_scaling=dict(t.rope_scaling) if t.rope_scaling else None,
-        max_position_embeddings=t.max_position_embeddings, target_vocab_size=t.vocab_size,
-        draft_vocab_size=draft_vocab_size, target_hidden_size=t.hidden_size, aux_layer_ids=aux,
+        **eagle3_fmt.decoder_from_run(cfg), draft_vocab_size=draft_vocab_size, aux_layer_ids=aux,
         num_layers=d.num_layers or DEFAULT_LAYERS, mask_token_id=int(mask_token_id),
         num_speculative_tokens=d.num_speculative_tokens, target_num_layers=t.num_hidden_layers,
         verifier_name_or_path=verifier_name_or_path, target_name=t.name)
@@ -123,27 +118,12 @@ def with_k(spec: DFlashSpec, k: int) -> DFlashSpec:
     return dataclasses.replace(spec, num_speculative_tokens=k)
 
 
-def rope_parameters(spec: DFlashSpec) -> dict:
-    """transformers-5 `rope_parameters` (also what drafts/eagle_family/layer.Rotary builds from)."""
-    return eagle3_rope(spec)
-
-
 def to_config(spec: DFlashSpec) -> dict:
     """config.json as vLLM's DFlash loader reads it (module docstring)."""
-    out = {
+    return {
         "architectures": [ARCHITECTURE],
         "model_type": "qwen3",
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_key_value_heads": spec.num_key_value_heads,
-        "head_dim": spec.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": spec.rms_norm_eps,
-        "rope_theta": spec.rope_theta,
-        "rope_parameters": rope_parameters(spec),
-        "max_position_embeddings": spec.max_position_embeddings,
-        "vocab_size": spec.target_vocab_size,
+        **eagle3_fmt.decoder_config(spec),
         "draft_vocab_size": spec.draft_vocab_size,
         "num_hidden_layers": spec.num_layers,
         "num_target_layers": spec.target_num_layers,
@@ -155,10 +135,8 @@ def to_config(spec: DFlashSpec) -> dict:
                           "target_layer_ids": [a - 1 for a in spec.aux_layer_ids]},
         "draftkit": {"format_version": FORMAT_VERSION, "target": spec.target_name,
                      "verifier": spec.verifier_name_or_path},
+        **eagle3_fmt.rope_scaling_config(spec),
     }
-    if spec.rope_scaling:
-        out["rope_scaling"] = {k: v for k, v in rope_parameters(spec).items() if k != "rope_theta"}
-    return out
 
 
 def from_config(d: dict) -> DFlashSpec:
@@ -172,23 +150,11 @@ def from_config(d: dict) -> DFlashSpec:
                             "refuses a DFlash draft without them)")
     if d.get("layer_types") and "sliding_attention" in d["layer_types"]:
         raise DraftkitError("draftkit loads DFlash drafts with full attention only")
-    rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
-    theta = float(rope.pop("rope_theta", d.get("rope_theta", 1e6)))  # vLLM's default: 1e6
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    heads = d["num_attention_heads"]
+    decoder = eagle3_fmt.decoder_from_config(d, d, 1e6)  # vLLM's default RoPE theta: 1e6
     extra = d.get("draftkit") or {}
     block = int(d.get("block_size") or 4)
     return DFlashSpec(
-        hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
-        num_attention_heads=heads, num_key_value_heads=d.get("num_key_value_heads", heads),
-        head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-        rope_scaling=None if rope_type == "default" else rope,
-        max_position_embeddings=d.get("max_position_embeddings", 4096),
-        target_vocab_size=d["vocab_size"],
-        draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
-        target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
-        aux_layer_ids=[int(i) + 1 for i in dc["target_layer_ids"]],
+        **decoder, aux_layer_ids=[int(i) + 1 for i in dc["target_layer_ids"]],
         num_layers=int(d.get("num_hidden_layers", 1)), mask_token_id=int(dc["mask_token_id"]),
         num_speculative_tokens=block - 1,
         target_num_layers=int(d.get("num_target_layers") or 0),
@@ -225,15 +191,7 @@ def check_state_dict(spec: DFlashSpec, tensors: dict[str, torch.Tensor]) -> None
     if not 0 <= spec.mask_token_id < spec.target_vocab_size:
         raise DraftkitError(f"mask_token_id={spec.mask_token_id} is outside the target vocab "
                             f"(0..{spec.target_vocab_size - 1})")
-    expected = expected_shapes(spec)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    wrong = [f"{k}: {tuple(v.shape)} != {expected[k]}" for k, v in tensors.items()
-             if k in expected and tuple(v.shape) != expected[k]]
-    if missing or unexpected or wrong:
-        raise DraftkitError(
-            "the DFlash state dict does not match its config (vLLM would fail or load it "
-            f"wrongly): missing={missing} unexpected={unexpected} wrong_shape={wrong}")
+    eagle3_fmt.check_shapes(tensors, expected_shapes(spec), "DFlash")
     if "d2t" in tensors:
         if tensors["d2t"].dtype != torch.int64:
             raise DraftkitError("d2t must be int64 (vLLM loads it into a long tensor)")

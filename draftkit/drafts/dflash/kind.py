@@ -19,10 +19,11 @@ from draftkit.drafts.dflash import format as fmt
 from draftkit.drafts.dflash import vllm_patch
 from draftkit.drafts.dflash.build import build
 from draftkit.drafts.dflash.drafter import DFlashDrafter
-from draftkit.drafts.dflash.export import export_run, portable, write_files
+from draftkit.drafts.dflash.export import export_run, write_files
 from draftkit.drafts.dflash.model import DFlashDraft
+from draftkit.drafts.eagle_family.export import portable
+from draftkit.drafts.eagle_family.kind_base import capture_features, draft_vocab_ids, vllm_names
 from draftkit.drafts.kind import KindDefaults, device_of, draft_sampling, fuse_projections, register
-from draftkit.target.capture import capture
 
 
 class DFlashKind(KindDefaults):
@@ -123,17 +124,12 @@ class DFlashKind(KindDefaults):
         return model.float().to(device_of(policy_model))
 
     def features(self, model, policy_model, input_ids, attention_mask):
-        device = device_of(policy_model)
-        aux, last = capture(policy_model, input_ids.to(device), model.spec.aux_layer_ids,
-                            attention_mask=attention_mask.to(device))
-        return {"aux": aux.float(), "last": last.float()}  # [B, T, A*H], [B, T, H]
+        return capture_features(model, policy_model, input_ids, attention_mask)
 
     def step_logits(self, model, batch):
         states = model.block_states(batch["aux"], batch["input_ids"], batch["attention_mask"])
         steps = [model.lm_head(s) for s in states]  # k x [B, T, Vd]
-        vocab_ids = model.draft_to_target(torch.arange(model.spec.draft_vocab_size,
-                                                       device=model.d2t.device))  # [Vd]
-        return steps, vocab_ids
+        return steps, draft_vocab_ids(model)
 
     def export(self, model, tmp: Path, final: Path, cfg) -> None:
         spec = portable(fmt.with_k(model.spec, cfg.draft.num_speculative_tokens), cfg)
@@ -145,19 +141,8 @@ class DFlashKind(KindDefaults):
         """vLLM's DFlashQwen3ForCausalLM names: `model.` prefix (lm_head and d2t ->
         draft_id_to_target_id excepted), fused qkv/gate_up, t2d dropped, and the mask
         embedding file as `model.mask_embedding`."""
-
-
         directory = Path(directory)
-        out = {}
-        for name, value in load_file(str(directory / fmt.WEIGHTS_FILE)).items():
-            if name == "t2d":
-                continue
-            if name == "d2t":
-                out["draft_id_to_target_id"] = value
-            elif name.startswith("lm_head"):
-                out[name] = value
-            else:
-                out["model." + name] = value
+        out = vllm_names(load_file(str(directory / fmt.WEIGHTS_FILE)), drop_embed=False)
         conf = fmt.from_config(artifacts.read_json(directory / fmt.CONFIG_FILE))
         out["model.mask_embedding"] = fmt.read_mask_embedding(directory / fmt.MASK_FILE,
                                                               conf.mask_token_id)

@@ -17,7 +17,8 @@ one pass: T blocks of k+1 query slots, each block attending to the context keys 
 ones) and to its own slots only. In the shared index convention of the kinds (drafts/kind.py
 step_logits), step j = slot j+1 at index t drafts x_{t+2+j}, the verifier's distribution for
 it coming from last[t+1+j]: the same targets, masks, loss (KL to the verifier over the draft
-vocab, weight ttt_decay**j), metrics and simulated AL as EAGLE-3 (drafts/eagle_family/losses.py).
+vocab, weight ttt_decay**j), metrics and simulated AL as EAGLE-3 (the EAGLE family's
+FamilyDraft, drafts/eagle_family/model.py, and losses.py).
 Worked example, k=3, index t=1: block [x_2, M, M, M] at positions 2..5 over c_0, c_1;
 slot 1 predicts x_3 (verifier last[2]), slot 2 x_4 (last[3]), slot 3 x_5 (last[4]).
 Departures from the DFlash paper: blocks at every anchor (not a random sample of them), the
@@ -31,24 +32,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save
 from torch import nn
 
 from draftkit.core import artifacts
-from draftkit.core.batching import pad_rows
 from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import acceptance
 from draftkit.drafts.dflash import format as fmt
-from draftkit.drafts.eagle_family import losses
-from draftkit.drafts.eagle_family.layer import MLP, Attention, RMSNorm, Rotary, apply_rope, rms_norm
+from draftkit.drafts.eagle_family.layer import MLP, Attention, RMSNorm, apply_rope
+from draftkit.drafts.eagle_family.model import FamilyDraft
 from draftkit.drafts.eagle_family.target_tensors import module_tensors, read_target_tensors
 from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.target.load import target_dir
 
 _TRAIN = TrainConfig()
-ROW_MULTIPLE = 64  # matmul rows rounded up (bounded oneDNN shape caches, as eagle_family/model.py)
 
 
 class DFlashLayer(nn.Module):
@@ -93,30 +91,19 @@ class DFlashLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(r)) + r
 
 
-class DFlashDraft(nn.Module):
+class DFlashDraft(FamilyDraft):
+    LOAD_HINT = "build the draft with drafts/dflash/build.py or DFlashDraft.from_pretrained"
+
     def __init__(self, spec: fmt.DFlashSpec, vocab: DraftVocab, ttt_decay: float = _TRAIN.ttt_decay,
                  init_std: float = 0.02):
-        super().__init__()
-        if vocab.draft_size != spec.draft_vocab_size or vocab.target_size != spec.target_vocab_size:
-            raise DraftkitError(f"draft vocab {vocab.draft_size}/{vocab.target_size} does not "
-                                f"match the spec {spec.draft_vocab_size}/{spec.target_vocab_size}")
-        self.spec, self.ttt_decay = spec, ttt_decay
+        super().__init__(spec, vocab, ttt_decay)
         h, eps = spec.hidden_size, spec.rms_norm_eps
         self.embed_tokens = nn.Embedding(spec.target_vocab_size, h).requires_grad_(False)
         self.mask_embedding = nn.Parameter(torch.zeros(h))
         self.fc = nn.Linear(spec.num_aux * spec.target_hidden_size, h, bias=False)
         self.hidden_norm = RMSNorm(h, eps)
         self.layers = nn.ModuleList([DFlashLayer(spec) for _ in range(spec.num_layers)])
-        self.norm = RMSNorm(h, eps)
-        self.lm_head = nn.Linear(h, spec.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", vocab.d2t.clone())
-        self.register_buffer("t2d", vocab.t2d.clone())
-        self.verifier_norm = nn.Parameter(torch.ones(h), requires_grad=False)
-        self.verifier_lm_head = nn.Parameter(torch.empty(0, h), requires_grad=False)
-        self.rotary = Rotary(spec)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=init_std)
+        self.add_output(vocab, init_std)
 
     @property
     def num_slots(self) -> int:
@@ -130,19 +117,8 @@ class DFlashDraft(nn.Module):
         """The target's embedding [V, H], final norm [H] and lm_head [V, H] (frozen copies);
         with `init_lm_head` the draft's lm_head starts as the target's draft-vocab rows, its
         norm as the target's final norm and the mask embedding as the mask token's row."""
-        shape = (self.spec.target_vocab_size, self.spec.hidden_size)
-        if tuple(embed.shape) != shape or tuple(lm_head.shape) != shape:
-            raise DraftkitError(f"target embedding/lm_head {tuple(embed.shape)}/"
-                                f"{tuple(lm_head.shape)} do not match the draft's {shape}: the "
-                                "draft belongs to another target")
-        like = {"dtype": self.fc.weight.dtype, "device": self.fc.weight.device}
-        self.embed_tokens.weight.data.copy_(embed)
-        self.verifier_norm = nn.Parameter(norm.detach().to(**like).clone(), requires_grad=False)
-        self.verifier_lm_head = nn.Parameter(lm_head.detach().to(**like).clone(),
-                                             requires_grad=False)
+        super().load_target_tensors(embed, norm, lm_head, init_lm_head, init_norm=init_lm_head)
         if init_lm_head:
-            self.lm_head.weight.data.copy_(lm_head[self.t2d.to(lm_head.device)])
-            self.norm.weight.data.copy_(norm)
             self.mask_embedding.data.copy_(embed[self.spec.mask_token_id])
 
     # ----------------------------------------------------------------- the block pass
@@ -214,72 +190,9 @@ class DFlashDraft(nn.Module):
 
     # ----------------------------------------------------------------- training
 
-    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids + self.d2t[ids]
-
-    def target_logits(self, logits_d: torch.Tensor) -> torch.Tensor:
-        """[..., Vd] -> [..., V], -inf outside the draft vocab (vLLM's compute_logits)."""
-        out = logits_d.new_full((*logits_d.shape[:-1], self.spec.target_vocab_size),
-                                float("-inf"))
-        out[..., self.draft_to_target(torch.arange(logits_d.shape[-1], device=out.device))] = \
-            logits_d
-        return out
-
-    @torch.no_grad()
-    def verifier_targets(self, last: torch.Tensor, where: torch.Tensor,
-                         full_vocab: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """last [B, T, H] -> (verifier logits on the draft vocab [B, T, Vd] (fp32), its argmax
-        as target ids [B, T]: over the full vocab with `full_vocab`, else over the draft
-        vocab), computed at `where` only (elsewhere 0 and -1), in row chunks."""
-        if self.verifier_lm_head.numel() == 0:
-            raise DraftkitError("the verifier lm_head is not loaded; build the draft with "
-                                "drafts/dflash/build.py or DFlashDraft.from_pretrained")
-        head = self.verifier_lm_head if full_vocab else self.verifier_lm_head[self.t2d]
-        to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
-                                                      device=last.device))
-        logits_d, ids = [], []
-        for piece in last[where].split(1024):  # [n, H]
-            normed = rms_norm(pad_rows(piece, ROW_MULTIPLE).to(head.dtype), self.verifier_norm,
-                              self.spec.rms_norm_eps)
-            logits = F.linear(normed, head)[: piece.shape[0]]
-            ids.append(logits.argmax(-1) if full_vocab else to_target[logits.argmax(-1)])
-            logits_d.append(logits[:, self.t2d] if full_vocab else logits)
-        b, t, _ = last.shape
-        out_logits = last.new_zeros(b, t, self.spec.draft_vocab_size, dtype=torch.float32)
-        out_ids = torch.full((b, t), -1, dtype=torch.long, device=last.device)
-        if logits_d:
-            out_logits[where] = torch.cat(logits_d).float()
-            out_ids[where] = torch.cat(ids)
-        return out_logits, out_ids
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """The masked-block loss and EAGLE-3's metrics (module docstring): the train loop's
-        contract. batch: aux [B, T, A*Ht], last [B, T, H], input_ids, attention_mask,
-        loss_mask [B, T]."""
-        valid = batch["attention_mask"].bool()
-        learn = valid & batch["loss_mask"].bool()
-        need = valid & acceptance.shift(learn, 1)  # verifier rows for learned next tokens
-        tgt_logits, tgt_ids = self.verifier_targets(batch["last"], need, not self.training)
-        states = self.block_states(batch["aux"], batch["input_ids"], valid)
-        to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
-                                                      device=valid.device))
-        kl_sums, counts, chain_ok = [], [], torch.ones_like(valid)
-        for j, post in enumerate(states):
-            step_valid = valid & acceptance.shift(learn, 2 + j)  # [B, T]
-            rows = post[step_valid]
-            picked = self.lm_head(pad_rows(rows, ROW_MULTIPLE))[: rows.shape[0]]  # [N, Vd]
-            logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)
-            logits = logits.index_put((step_valid,), picked)
-            kl_sum, c, correct = losses.step_terms(
-                logits, acceptance.shift(tgt_logits, 1 + j), acceptance.shift(tgt_ids, 1 + j), to_target,
-                step_valid, chain_ok)
-            chain_ok = chain_ok & correct
-            kl_sums.append(kl_sum)
-            counts.append(c)
-        return losses.combine(kl_sums, counts, self.ttt_decay)
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
+    def train_states(self, batch: dict, valid: torch.Tensor) -> list[torch.Tensor]:
+        """The masked-block states of a training batch (block_states; module docstring)."""
+        return self.block_states(batch["aux"], batch["input_ids"], valid)
 
     # ----------------------------------------------------------------- save and load
 

@@ -1,13 +1,15 @@
 """Where an EAGLE-family head starts training (EAGLE-3's and P-EAGLE's build; DFlash takes the
-vocab rule): a new head whose draft vocabulary is the top `draft.draft_vocab_size` assistant
-tokens of prepare's counts (ids ascending), or the head of `train.init_from` (a run dir = its
-train/best, or a checkpoint dir), checked against this run's draft settings and target lineage
-(shapes + tokenizer, not names: an RL checkpoint of the same policy is the same lineage).
+vocab rule, the init_from dir and the lineage check): a new head whose draft vocabulary is the
+top `draft.draft_vocab_size` assistant tokens of prepare's counts (ids ascending), or the head
+of `train.init_from` (a run dir = its train/best, or a checkpoint dir), checked against this
+run's draft settings and target lineage (shapes + tokenizer, not names: an RL checkpoint of the
+same policy is the same lineage).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from draftkit.core import config
 from draftkit.core.artifacts import RunPaths
@@ -34,13 +36,27 @@ def load_vocab(cfg, data_runs: list[RunPaths], tokenizer):
                             must_include=end_of_turn_ids(tokenizer))
 
 
+def init_from_dir(cfg) -> Path:
+    """The checkpoint dir of `train.init_from`: a run dir stands for its best checkpoint."""
+    given = RunPaths(config.run_dir_of(cfg.train.init_from))
+    return given.train / "best" if given.config.is_file() else given.root
+
+
+def lineage_diff(spec, cfg) -> list[str]:
+    """Why the checkpoint's target (`spec.target_name`) is not of this run's target's lineage:
+    shapes + tokenizer, not names (an RL checkpoint of the same policy is the same lineage);
+    nothing where the checkpoint names no target or this one."""
+    if not spec.target_name or spec.target_name == cfg.target.name:
+        return []
+    return [f"target {spec.target_name!r} there, {cfg.target.name!r} here: {p}"
+            for p in same_lineage(spec.target_name, cfg.target.name)]
+
+
 def warm_start(cfg, target_model, cls=Eagle3Draft):
     """The head in `train.init_from`, checked against this run's draft (shapes, norms, target,
     aux layer ids). Its draft vocab is kept: lm_head rows are indexed by draft id. `cls` loads
     it (drafts/peagle: a P-EAGLE head, or one warm-started from an EAGLE-3 head)."""
-    given = RunPaths(config.run_dir_of(cfg.train.init_from))
-    # a run dir stands for its best checkpoint
-    src = given.train / "best" if given.config.is_file() else given.root
+    src = init_from_dir(cfg)
     model = cls.from_pretrained(src, target_model, cfg.train.ttt_steps, cfg.train.ttt_decay)
     got = model.spec
     if cfg.draft.draft_vocab_size not in (0, got.draft_vocab_size):
@@ -52,10 +68,7 @@ def warm_start(cfg, target_model, cls=Eagle3Draft):
     diff = [f"{f.name}={getattr(got, f.name)!r} there, {getattr(want, f.name)!r} here"
             for f in dataclasses.fields(want)
             if f.name not in free and getattr(got, f.name) != getattr(want, f.name)]
-    if got.target_name and got.target_name != cfg.target.name:  # lineage: shapes + tokenizer
-
-        diff[:0] = [f"target {got.target_name!r} there, {cfg.target.name!r} here: {p}"
-                    for p in same_lineage(got.target_name, cfg.target.name)]
+    diff[:0] = lineage_diff(got, cfg)
     if diff:
         raise DraftkitError(f"train.init_from={src} does not fit this run's draft: "
                             f"{'; '.join(diff)}. Warm-start from a head of the same target and "

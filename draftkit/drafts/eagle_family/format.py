@@ -15,6 +15,8 @@ What vLLM 0.32 reads (transformers_utils/configs/speculators/algos.py, models/*_
   keeps a frozen copy of the target's embedding, so both are identical at serving time).
 `draftkit` adds one extra top-level key (`draftkit`: registry name of the target) that vLLM
 ignores; it lets `from_pretrained` find the target offline.
+The decoder fields of the config (written, read back, taken from a run) and the state dict's
+shape check are shared with the DFlash format (drafts/dflash/format.py).
 """
 
 from __future__ import annotations
@@ -99,20 +101,27 @@ def spec_from_run_config(cfg, draft_vocab_size: int, verifier_name_or_path: str)
         raise DraftkitError(f"draft.num_layers={d.num_layers}: an EAGLE-3 head has 1 or more "
                             "decoder layers (0 = 1)")
     return DraftSpec(
-        family=t.family, hidden_size=hidden,
-        intermediate_size=d.intermediate_size or t.intermediate_size,
+        family=t.family, **decoder_from_run(cfg), draft_vocab_size=draft_vocab_size,
+        aux_layer_ids=aux, norm_before_residual=d.norm_before_residual,
+        norm_before_fc=d.norm_before_fc, fc_norm=d.fc_norm, norm_output=d.norm_output,
+        num_speculative_tokens=d.num_speculative_tokens,
+        verifier_name_or_path=verifier_name_or_path, verifier_architecture=t.architecture,
+        target_name=t.name, num_layers=d.num_layers or 1)
+
+
+def decoder_from_run(cfg) -> dict:
+    """The decoder spec fields of a run's draft: draft.* widths where set, else the target's;
+    the target's hidden size (the draft reads its embeddings), norm eps, RoPE and vocab."""
+    t, d = cfg.target, cfg.draft
+    return dict(
+        hidden_size=t.hidden_size, intermediate_size=d.intermediate_size or t.intermediate_size,
         num_attention_heads=d.num_attention_heads or t.num_attention_heads,
         num_key_value_heads=d.num_key_value_heads or t.num_key_value_heads,
         head_dim=d.head_dim or t.head_dim, rms_norm_eps=t.rms_norm_eps,
         rope_theta=float(t.rope_theta),
         rope_scaling=dict(t.rope_scaling) if t.rope_scaling else None,
         max_position_embeddings=t.max_position_embeddings, target_vocab_size=t.vocab_size,
-        draft_vocab_size=draft_vocab_size, target_hidden_size=t.hidden_size, aux_layer_ids=aux,
-        norm_before_residual=d.norm_before_residual, norm_before_fc=d.norm_before_fc,
-        fc_norm=d.fc_norm, norm_output=d.norm_output,
-        num_speculative_tokens=d.num_speculative_tokens,
-        verifier_name_or_path=verifier_name_or_path, verifier_architecture=t.architecture,
-        target_name=t.name, num_layers=d.num_layers or 1)
+        target_hidden_size=t.hidden_size)
 
 
 def rope_parameters(spec: DraftSpec) -> dict:
@@ -125,9 +134,11 @@ def rope_parameters(spec: DraftSpec) -> dict:
     return params
 
 
-def transformer_layer_config(spec: DraftSpec) -> dict:
-    out = {
-        "model_type": spec.family,
+def decoder_config(spec) -> dict:
+    """The decoder fields of an HF config a draft's config.json carries (EAGLE-3's
+    transformer_layer_config, DFlash's top level): widths, heads, norm eps, RoPE, the TARGET
+    vocab (embedding + mapped logits)."""
+    return {
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
         "num_attention_heads": spec.num_attention_heads,
@@ -138,15 +149,21 @@ def transformer_layer_config(spec: DraftSpec) -> dict:
         "rope_theta": spec.rope_theta,
         "rope_parameters": rope_parameters(spec),
         "max_position_embeddings": spec.max_position_embeddings,
-        "vocab_size": spec.target_vocab_size,  # the TARGET vocab (embedding + mapped logits)
-        "num_hidden_layers": spec.num_layers,
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
+        "vocab_size": spec.target_vocab_size,
     }
-    if spec.rope_scaling:
-        out["rope_scaling"] = {k: v for k, v in rope_parameters(spec).items() if k != "rope_theta"}
-    return out
+
+
+def rope_scaling_config(spec) -> dict:
+    """`rope_scaling` for older readers of a scaled RoPE, else nothing."""
+    if not spec.rope_scaling:
+        return {}
+    return {"rope_scaling": {k: v for k, v in rope_parameters(spec).items() if k != "rope_theta"}}
+
+
+def transformer_layer_config(spec: DraftSpec) -> dict:
+    return {"model_type": spec.family, **decoder_config(spec), "num_hidden_layers": spec.num_layers,
+            "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+            **rope_scaling_config(spec)}
 
 
 def to_config(spec: DraftSpec) -> dict:
@@ -183,24 +200,12 @@ def from_config(d: dict) -> DraftSpec:
             or layer.get("attention_bias") or "sliding_attention" in (layer.get("layer_types") or [])):
         raise DraftkitError("draftkit loads EAGLE-3 heads with full-attention silu decoder "
                             "layers without biases; this checkpoint is a different variant")
-    rope = dict(layer.get("rope_parameters") or layer.get("rope_scaling") or {})
-    theta = float(rope.pop("rope_theta", layer.get("rope_theta", 10000.0)))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    heads = layer["num_attention_heads"]
+    decoder = decoder_from_config(layer, d, 10000.0)
     spec_cfg = d["speculators_config"]
     verifier = spec_cfg.get("verifier", {})
     aux = d.get("eagle_aux_hidden_state_layer_ids") or []
     return DraftSpec(
-        family=layer.get("model_type", "llama"), hidden_size=layer["hidden_size"],
-        intermediate_size=layer["intermediate_size"], num_attention_heads=heads,
-        num_key_value_heads=layer.get("num_key_value_heads", heads),
-        head_dim=layer.get("head_dim") or layer["hidden_size"] // heads,
-        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-        rope_scaling=None if rope_type == "default" else rope,
-        max_position_embeddings=layer.get("max_position_embeddings", 4096),
-        target_vocab_size=layer["vocab_size"],
-        draft_vocab_size=d.get("draft_vocab_size") or layer["vocab_size"],
-        target_hidden_size=d.get("target_hidden_size") or layer["hidden_size"],
+        family=layer.get("model_type", "llama"), **decoder,
         aux_layer_ids=list(aux) if aux else [],
         norm_before_residual=bool(d.get("norm_before_residual", True)),  # vLLM's default
         norm_before_fc=bool(d.get("norm_before_fc", False)),
@@ -210,6 +215,26 @@ def from_config(d: dict) -> DraftSpec:
         verifier_architecture=(verifier.get("architectures") or [""])[0],
         target_name=(d.get("draftkit") or {}).get("target", ""),
         num_layers=int(layer.get("num_hidden_layers", 1)))
+
+
+def decoder_from_config(layer: dict, top: dict, default_theta: float) -> dict:
+    """The spec fields `decoder_config` wrote, read from `layer` (the decoder's HF config) with
+    vLLM's defaults for absent keys (RoPE theta: `default_theta`); the draft vocab and target
+    hidden size from `top` (config.json's top level), else the layer's."""
+    rope = dict(layer.get("rope_parameters") or layer.get("rope_scaling") or {})
+    theta = float(rope.pop("rope_theta", layer.get("rope_theta", default_theta)))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    heads = layer["num_attention_heads"]
+    return dict(
+        hidden_size=layer["hidden_size"], intermediate_size=layer["intermediate_size"],
+        num_attention_heads=heads, num_key_value_heads=layer.get("num_key_value_heads", heads),
+        head_dim=layer.get("head_dim") or layer["hidden_size"] // heads,
+        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+        rope_scaling=None if rope_type == "default" else rope,
+        max_position_embeddings=layer.get("max_position_embeddings", 4096),
+        target_vocab_size=layer["vocab_size"],
+        draft_vocab_size=top.get("draft_vocab_size") or layer["vocab_size"],
+        target_hidden_size=top.get("target_hidden_size") or layer["hidden_size"])
 
 
 def with_k(spec: DraftSpec, k: int) -> DraftSpec:
@@ -263,17 +288,10 @@ def check_state_dict(spec: DraftSpec, tensors: dict[str, torch.Tensor]) -> None:
             f"{spec.target_vocab_size} tokens) without `d2t`: vLLM would read draft id i as "
             "target id i and acceptance collapses. Save the model with Eagle3Draft."
             "save_pretrained, which writes d2t/t2d from its DraftVocab.")
-    expected = expected_shapes(spec)
-    optional = {"embed_tokens.weight": (spec.target_vocab_size, spec.hidden_size)}
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected) - set(optional))
-    wrong = [f"{k}: {tuple(v.shape)} != {(expected | optional)[k]}" for k, v in tensors.items()
-             if k in (expected | optional) and tuple(v.shape) != (expected | optional)[k]]
-    if missing or unexpected or wrong:
-        raise DraftkitError(
-            "the EAGLE-3 state dict does not match its config (vLLM would fail or load it "
-            f"wrongly): missing={missing} unexpected={unexpected} wrong_shape={wrong}. Re-save "
-            "the checkpoint with the draftkit version that trained it, or fix config.json.")
+    check_shapes(tensors, expected_shapes(spec), "EAGLE-3",
+                 optional={"embed_tokens.weight": (spec.target_vocab_size, spec.hidden_size)},
+                 fix=". Re-save the checkpoint with the draftkit version that trained it, or fix "
+                     "config.json.")
     if reduced:
         t2d = tensors.get("t2d")
         if t2d is None or t2d.dtype != torch.bool:
@@ -282,3 +300,19 @@ def check_state_dict(spec: DraftSpec, tensors: dict[str, torch.Tensor]) -> None:
         if tensors["d2t"].dtype != torch.int64:
             raise DraftkitError(f"d2t must be int64 (vLLM loads it into a long tensor), got "
                                 f"{tensors['d2t'].dtype}")
+
+
+def check_shapes(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]],
+                 draft: str, optional: dict[str, tuple[int, ...]] | None = None,
+                 fix: str = "") -> None:
+    """Refuse a state dict whose tensors are not exactly `expected` (plus any of `optional`)
+    with those shapes; `draft` names the kind of draft, `fix` ends the message."""
+    allowed = expected | (optional or {})
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(allowed))
+    wrong = [f"{k}: {tuple(v.shape)} != {allowed[k]}" for k, v in tensors.items()
+             if k in allowed and tuple(v.shape) != allowed[k]]
+    if missing or unexpected or wrong:
+        raise DraftkitError(
+            f"the {draft} state dict does not match its config (vLLM would fail or load it "
+            f"wrongly): missing={missing} unexpected={unexpected} wrong_shape={wrong}{fix}")

@@ -2,7 +2,8 @@
 P-EAGLE inherits: the harvest (the aux states `draft.aux_layer_ids`, default [2, N//2, N-3],
 vLLM's convention, and the last pre-norm state), vLLM's `method: eagle3` speculative config,
 refresh's features and teacher-forced step logits, the engine view of a speculators-format dir
-and the draft-vocab argmax patch. Not a kind itself (no kind.py here, nothing registered):
+and the draft-vocab argmax patch; DFlash's kind takes the refresh features, vocab ids and the
+engine's tensor names from here. Not a kind itself (no kind.py here, nothing registered):
 drafts/eagle3/kind.py and drafts/peagle/kind.py subclass it.
 """
 
@@ -69,37 +70,54 @@ class EagleFamilyKind(KindDefaults):
     # ----------------------------------------------------------------- refresh
 
     def features(self, model, policy_model, input_ids, attention_mask):
-        device = device_of(policy_model)
-        aux, last = capture(policy_model, input_ids.to(device), model.spec.aux_layer_ids,
-                            attention_mask=attention_mask.to(device))
-        return {"aux": aux.float(), "last": last.float()}  # [B, T, A*H], [B, T, H]
+        return capture_features(model, policy_model, input_ids, attention_mask)
 
     def step_logits(self, model, batch):
         steps = model.ttt_unroll(batch["aux"], batch["input_ids"],
                                  batch["attention_mask"])  # k x [B, T, Vd]
-        vocab_ids = model.draft_to_target(torch.arange(model.spec.draft_vocab_size,
-                                                       device=model.d2t.device))  # [Vd]
-        return steps, vocab_ids
+        return steps, draft_vocab_ids(model)
 
     def engine_view(self, directory: Path) -> dict[str, torch.Tensor]:
         """vLLM's Eagle3LlamaForCausalLM names: `model.` prefix, fused qkv and gate_up,
         d2t -> draft_id_to_target_id, t2d dropped (embed_tokens is the target's, not ours)."""
         from safetensors.torch import load_file
 
-        t = load_file(str(Path(directory) / "model.safetensors"))
-        out = {}
-        for name, value in t.items():
-            if name == "t2d" or "embed_tokens" in name:
-                continue
-            if name == "d2t":
-                out["draft_id_to_target_id"] = value
-            elif name.startswith("lm_head"):
-                out[name] = value
-            else:
-                out["model." + name] = value
-        return fuse_projections(out)
+        return fuse_projections(vllm_names(load_file(str(Path(directory) / "model.safetensors"))))
 
     # ----------------------------------------------------------------- inside vLLM
 
     def vllm_patches(self) -> list:
         return [draft_argmax.install]  # greedy drafts: argmax over the draft vocab (CPU only)
+
+
+def capture_features(model, policy_model, input_ids, attention_mask) -> dict[str, torch.Tensor]:
+    """A batch's harvest features under `policy_model` (refresh), captured by hooks: the
+    states of the draft's `spec.aux_layer_ids` and the last pre-norm state, fp32."""
+    device = device_of(policy_model)
+    aux, last = capture(policy_model, input_ids.to(device), model.spec.aux_layer_ids,
+                        attention_mask=attention_mask.to(device))
+    return {"aux": aux.float(), "last": last.float()}  # [B, T, A*H], [B, T, H]
+
+
+def draft_vocab_ids(model) -> torch.Tensor:
+    """The target id of every draft-vocab id [Vd] (step_logits' vocab ids)."""
+    return model.draft_to_target(torch.arange(model.spec.draft_vocab_size,
+                                              device=model.d2t.device))
+
+
+def vllm_names(tensors: dict[str, torch.Tensor],
+               drop_embed: bool = True) -> dict[str, torch.Tensor]:
+    """A draft dir's tensors under the names vLLM's model holds them: a `model.` prefix, but
+    lm_head as it is and d2t as draft_id_to_target_id; t2d dropped (vLLM skips it), and with
+    `drop_embed` any embed_tokens (vLLM shares the target's)."""
+    out = {}
+    for name, value in tensors.items():
+        if name == "t2d" or (drop_embed and "embed_tokens" in name):
+            continue
+        if name == "d2t":
+            out["draft_id_to_target_id"] = value
+        elif name.startswith("lm_head"):
+            out[name] = value
+        else:
+            out["model." + name] = value
+    return out

@@ -1,4 +1,6 @@
-"""EAGLE-3 draft head: decoder layer(s) over [token embedding, fused target features].
+"""EAGLE-3 draft head: decoder layer(s) over [token embedding, fused target features]; and
+`FamilyDraft`, what it shares with P-EAGLE's head and the DFlash draft (output side, verifier
+parts, loss).
 
 One layer by default, as EAGLE-3; `draft.num_layers` > 1 stacks plain decoder layers on it
 (vLLM's multi-layer Eagle3 drafts, layer.py). Parameter names are the speculators/vLLM
@@ -60,17 +62,158 @@ _TRAIN_DEFAULTS = TrainConfig()
 ROW_MULTIPLE = 64
 
 
-class Eagle3Draft(nn.Module):
-    def __init__(self, spec: DraftSpec, vocab: DraftVocab,
-                 ttt_steps: int = _TRAIN_DEFAULTS.ttt_steps,
-                 ttt_decay: float = _TRAIN_DEFAULTS.ttt_decay, init_std: float = 0.02):
+class FamilyDraft(nn.Module):
+    """What every EAGLE-family draft model (Eagle3Draft, PEagleDraft, drafts/dflash's
+    DFlashDraft) shares around its own input side and layers: the output side (`norm`, `lm_head`
+    over the draft vocab, `d2t`/`t2d`), the frozen copies of the target's embedding, final norm
+    and FULL lm_head (`load_target_tensors`), the verifier's targets they give, and the loss
+    over the per-step states a subclass's `train_states` returns (losses.py)."""
+
+    # how to get a draft whose verifier parts are loaded (verifier_targets' error)
+    LOAD_HINT = "build the model with Eagle3Draft.from_run_config or from_pretrained"
+
+    def __init__(self, spec, vocab: DraftVocab, ttt_decay: float):
         super().__init__()
         if vocab.draft_size != spec.draft_vocab_size or vocab.target_size != spec.target_vocab_size:
             raise DraftkitError(f"draft vocab {vocab.draft_size}/{vocab.target_size} does not "
                                 f"match the spec {spec.draft_vocab_size}/{spec.target_vocab_size}")
+        self.spec, self.ttt_decay = spec, ttt_decay
+
+    def add_output(self, vocab: DraftVocab, init_std: float) -> None:
+        """The output side, the (empty) verifier parts and RoPE, after the subclass's layers;
+        then every linear weight starts N(0, init_std^2)."""
+        h = self.spec.hidden_size
+        self.norm = RMSNorm(h, self.spec.rms_norm_eps)
+        self.lm_head = nn.Linear(h, self.spec.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", vocab.d2t.clone())
+        self.register_buffer("t2d", vocab.t2d.clone())
+        # Frozen parameters rather than buffers: DDP would re-broadcast a [V, H] buffer every step.
+        self.verifier_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        self.verifier_lm_head = nn.Parameter(torch.empty(0, h), requires_grad=False)
+        self.rotary = Rotary(self.spec)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=init_std)
+
+    @torch.no_grad()
+    def load_target_tensors(self, embed: torch.Tensor, norm: torch.Tensor,
+                            lm_head: torch.Tensor, init_lm_head: bool,
+                            init_norm: bool = False) -> None:
+        """Copy the target's embedding [V, H], final norm [H] and lm_head [V, H]; with
+        `init_lm_head` the head's lm_head starts as the target's rows of the draft vocab, with
+        `init_norm` the head's norm as the target's final norm."""
+        shape = (self.spec.target_vocab_size, self.spec.hidden_size)
+        if tuple(embed.shape) != shape or tuple(lm_head.shape) != shape:
+            raise DraftkitError(f"target embedding/lm_head {tuple(embed.shape)}/"
+                                f"{tuple(lm_head.shape)} do not match the draft's {shape}: the "
+                                "draft belongs to another target")
+        like = {"dtype": self.embed_tokens.weight.dtype, "device": self.embed_tokens.weight.device}
+        self.embed_tokens.weight.data.copy_(embed)
+        self.verifier_norm = nn.Parameter(norm.detach().to(**like).clone(), requires_grad=False)
+        self.verifier_lm_head = nn.Parameter(lm_head.detach().to(**like).clone(),
+                                             requires_grad=False)
+        if init_lm_head:
+            self.lm_head.weight.data.copy_(lm_head[self.t2d.to(lm_head.device)])
+        if init_norm:
+            self.norm.weight.data.copy_(norm)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.d2t[ids]
+
+    def target_logits(self, logits_d: torch.Tensor) -> torch.Tensor:
+        """[..., Vd] -> [..., V], -inf outside the draft vocab (vLLM's compute_logits)."""
+        out = logits_d.new_full((*logits_d.shape[:-1], self.spec.target_vocab_size),
+                                float("-inf"))
+        out[..., self.draft_to_target(torch.arange(logits_d.shape[-1], device=out.device))] = \
+            logits_d
+        return out
+
+    # ----------------------------------------------------------------- training
+
+    @torch.no_grad()
+    def verifier_targets(self, last: torch.Tensor, where: torch.Tensor | None = None,
+                         full_vocab: bool = True,
+                         chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+        """last [B, T, H] (target pre-norm) -> (verifier logits on the draft vocab [B, T, Vd],
+        verifier argmax over the full vocab [B, T] as target ids); chunked over tokens.
+        With `where` [B, T] bool, only those positions are computed (others: 0 logits, id -1)."""
+        if self.verifier_lm_head.numel() == 0:
+            raise DraftkitError(f"the verifier lm_head is not loaded; {self.LOAD_HINT}")
+        b, t, h = last.shape
+        if where is None:
+            where = torch.ones(b, t, dtype=torch.bool, device=last.device)
+        # The KL needs only the draft-vocab rows; the full-vocab argmax behind the acc metrics
+        # costs 4-12x more. forward() asks for it in eval mode only, so train-step acc_j is vs
+        # the draft-vocab argmax (logged approximation; eval/best-checkpoint metrics are exact).
+        draft_only = not full_vocab
+        head = self.verifier_lm_head[self.t2d] if draft_only else self.verifier_lm_head
+        to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
+                                                      device=last.device))  # [Vd]
+        logits_d, ids = [], []
+        for piece in last[where].split(chunk):  # [n, H]
+            normed = rms_norm(pad_rows(piece, ROW_MULTIPLE).to(head.dtype), self.verifier_norm,
+                              self.spec.rms_norm_eps)  # [n', H], zero rows appended
+            logits = F.linear(normed, head)[: piece.shape[0]]  # [n, V] (eval) or [n, Vd] (train)
+            if draft_only:
+                ids.append(to_target[logits.argmax(-1)])
+                logits_d.append(logits)
+            else:
+                ids.append(logits.argmax(-1))
+                logits_d.append(logits[:, self.t2d])  # [n, Vd]; t2d order == draft id order
+        out_logits = last.new_zeros(b, t, self.spec.draft_vocab_size, dtype=torch.float32)
+        out_ids = torch.full((b, t), -1, dtype=torch.long, device=last.device)
+        if logits_d:
+            out_logits[where] = torch.cat(logits_d).float()  # fp32 even under autocast
+            out_ids[where] = torch.cat(ids)
+        return out_logits, out_ids
+
+    def train_states(self, batch: dict, valid: torch.Tensor) -> list[torch.Tensor]:
+        """The normed lm_head inputs of every draft step, k x [B, T, H]: step j at index t
+        drafts x_{t+2+j}. Each draft model says how it gets them."""
+        raise NotImplementedError
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """The loss over a padded batch: aux [B,T,A*Ht], last [B,T,H], input_ids [B,T],
+        loss_mask [B,T], attention_mask [B,T] (one sequence per row, any padding side)."""
+        valid = batch["attention_mask"].bool()  # [B, T]
+        learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
+        # the verifier is needed only at positions p whose next token x_{p+1} is learned
+        need = valid & acceptance.shift(learn, 1)  # [B, T]
+        tgt_logits, tgt_ids = self.verifier_targets(  # [B, T, Vd], [B, T]
+            batch["last"], where=need, full_vocab=not self.training)
+        states = self.train_states(batch, valid)  # steps x [B, T, H]
+        to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
+                                                      device=valid.device))  # [Vd]
+        kl_sums, counts = [], []
+        chain_ok = torch.ones_like(valid)  # steps < j all correct at this index
+        for j, post in enumerate(states):
+            # index t predicts x_{t+2+j} (counts if it exists and is an assistant token);
+            # the verifier's distribution for it comes from last[t+1+j]
+            step_valid = valid & acceptance.shift(learn, 2 + j)  # [B, T]
+            rows = post[step_valid]  # [N, H]: only the positions that count
+            picked = self.lm_head(pad_rows(rows, ROW_MULTIPLE))[: rows.shape[0]]  # [N, Vd]
+            logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)  # [B,T,Vd]
+            logits = logits.index_put((step_valid,), picked)
+            kl_sum, c, correct = losses.step_terms(
+                logits, acceptance.shift(tgt_logits, 1 + j), acceptance.shift(tgt_ids, 1 + j), to_target,
+                step_valid, chain_ok)
+            chain_ok = chain_ok & correct
+            kl_sums.append(kl_sum)
+            counts.append(c)
+        return losses.combine(kl_sums, counts, self.ttt_decay)
+
+
+class Eagle3Draft(FamilyDraft):
+    def __init__(self, spec: DraftSpec, vocab: DraftVocab,
+                 ttt_steps: int = _TRAIN_DEFAULTS.ttt_steps,
+                 ttt_decay: float = _TRAIN_DEFAULTS.ttt_decay, init_std: float = 0.02):
+        super().__init__(spec, vocab, ttt_decay)
         if ttt_steps < 1:
             raise DraftkitError(f"train.ttt_steps must be >= 1, got {ttt_steps}")
-        self.spec, self.ttt_steps, self.ttt_decay = spec, ttt_steps, ttt_decay
+        self.ttt_steps = ttt_steps
         self.feature_noise = 0.0  # train.feature_noise: applied in training mode only
         h, ht, a, eps = spec.hidden_size, spec.target_hidden_size, spec.num_aux, spec.rms_norm_eps
         self.embed_tokens = nn.Embedding(spec.target_vocab_size, h).requires_grad_(False)
@@ -78,17 +221,7 @@ class Eagle3Draft(nn.Module):
         self.fc_norm = nn.ModuleList([RMSNorm(ht, eps) for _ in range(a)]) if spec.fc_norm else None
         self.fc = nn.Linear(a * ht, h, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(spec, i) for i in range(spec.num_layers)])
-        self.norm = RMSNorm(h, eps)
-        self.lm_head = nn.Linear(h, spec.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", vocab.d2t.clone())
-        self.register_buffer("t2d", vocab.t2d.clone())
-        # Frozen parameters rather than buffers: DDP would re-broadcast a [V, H] buffer every step.
-        self.verifier_norm = nn.Parameter(torch.ones(h), requires_grad=False)
-        self.verifier_lm_head = nn.Parameter(torch.empty(0, h), requires_grad=False)
-        self.rotary = Rotary(spec)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=init_std)
+        self.add_output(vocab, init_std)
 
     # ----------------------------------------------------------------- construction
 
@@ -157,31 +290,6 @@ class Eagle3Draft(nn.Module):
         model.load_state_dict(tensors, strict=False)
         return model
 
-    @torch.no_grad()
-    def load_target_tensors(self, embed: torch.Tensor, norm: torch.Tensor,
-                            lm_head: torch.Tensor, init_lm_head: bool,
-                            init_norm: bool = False) -> None:
-        """Copy the target's embedding [V, H], final norm [H] and lm_head [V, H]; with
-        `init_lm_head` the head's lm_head starts as the target's rows of the draft vocab, with
-        `init_norm` the head's norm as the target's final norm."""
-        shape = (self.spec.target_vocab_size, self.spec.hidden_size)
-        if tuple(embed.shape) != shape or tuple(lm_head.shape) != shape:
-            raise DraftkitError(f"target embedding/lm_head {tuple(embed.shape)}/"
-                                f"{tuple(lm_head.shape)} do not match the draft's {shape}: the "
-                                "draft belongs to another target")
-        like = {"dtype": self.embed_tokens.weight.dtype, "device": self.embed_tokens.weight.device}
-        self.embed_tokens.weight.data.copy_(embed)
-        self.verifier_norm = nn.Parameter(norm.detach().to(**like).clone(), requires_grad=False)
-        self.verifier_lm_head = nn.Parameter(lm_head.detach().to(**like).clone(),
-                                             requires_grad=False)
-        if init_lm_head:
-            self.lm_head.weight.data.copy_(lm_head[self.t2d.to(lm_head.device)])
-        if init_norm:
-            self.norm.weight.data.copy_(norm)
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
     # ----------------------------------------------------------------- inference interface
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
@@ -213,56 +321,7 @@ class Eagle3Draft(nn.Module):
         post = self.norm(prenorm)  # [B, T, H]
         return self.lm_head(post), (post if self.spec.norm_output else prenorm)
 
-    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids + self.d2t[ids]
-
-    def target_logits(self, logits_d: torch.Tensor) -> torch.Tensor:
-        """[..., Vd] -> [..., V], -inf outside the draft vocab (vLLM's compute_logits)."""
-        out = logits_d.new_full((*logits_d.shape[:-1], self.spec.target_vocab_size),
-                                float("-inf"))
-        out[..., self.draft_to_target(torch.arange(logits_d.shape[-1], device=out.device))] = \
-            logits_d
-        return out
-
     # ----------------------------------------------------------------- training
-
-    @torch.no_grad()
-    def verifier_targets(self, last: torch.Tensor, where: torch.Tensor | None = None,
-                         full_vocab: bool = True,
-                         chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-        """last [B, T, H] (target pre-norm) -> (verifier logits on the draft vocab [B, T, Vd],
-        verifier argmax over the full vocab [B, T] as target ids); chunked over tokens.
-        With `where` [B, T] bool, only those positions are computed (others: 0 logits, id -1)."""
-        if self.verifier_lm_head.numel() == 0:
-            raise DraftkitError("the verifier lm_head is not loaded; build the model with "
-                                "Eagle3Draft.from_run_config or from_pretrained")
-        b, t, h = last.shape
-        if where is None:
-            where = torch.ones(b, t, dtype=torch.bool, device=last.device)
-        # The KL needs only the draft-vocab rows; the full-vocab argmax behind the acc metrics
-        # costs 4-12x more. forward() asks for it in eval mode only, so train-step acc_j is vs
-        # the draft-vocab argmax (logged approximation; eval/best-checkpoint metrics are exact).
-        draft_only = not full_vocab
-        head = self.verifier_lm_head[self.t2d] if draft_only else self.verifier_lm_head
-        to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
-                                                      device=last.device))  # [Vd]
-        logits_d, ids = [], []
-        for piece in last[where].split(chunk):  # [n, H]
-            normed = rms_norm(pad_rows(piece, ROW_MULTIPLE).to(head.dtype), self.verifier_norm,
-                              self.spec.rms_norm_eps)  # [n', H], zero rows appended
-            logits = F.linear(normed, head)[: piece.shape[0]]  # [n, V] (eval) or [n, Vd] (train)
-            if draft_only:
-                ids.append(to_target[logits.argmax(-1)])
-                logits_d.append(logits)
-            else:
-                ids.append(logits.argmax(-1))
-                logits_d.append(logits[:, self.t2d])  # [n, Vd]; t2d order == draft id order
-        out_logits = last.new_zeros(b, t, self.spec.draft_vocab_size, dtype=torch.float32)
-        out_ids = torch.full((b, t), -1, dtype=torch.long, device=last.device)
-        if logits_d:
-            out_logits[where] = torch.cat(logits_d).float()  # fp32 even under autocast
-            out_ids[where] = torch.cat(ids)
-        return out_logits, out_ids
 
     def ttt_unroll(self, aux: torch.Tensor, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor) -> list[torch.Tensor]:
@@ -305,38 +364,13 @@ class Eagle3Draft(nn.Module):
             prenorm = layer.end(out, residual)  # [B, T, H]
         return prenorm
 
-    def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        """TTT loss over a padded batch: aux [B,T,A*Ht], last [B,T,H], input_ids [B,T],
-        loss_mask [B,T], attention_mask [B,T] (one sequence per row, any padding side)."""
-        valid = batch["attention_mask"].bool()  # [B, T]
-        learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
-        # the verifier is needed only at positions p whose next token x_{p+1} is learned
-        need = valid & acceptance.shift(learn, 1)  # [B, T]
-        tgt_logits, tgt_ids = self.verifier_targets(  # [B, T, Vd], [B, T]
-            batch["last"], where=need, full_vocab=not self.training)
+    def train_states(self, batch: dict, valid: torch.Tensor) -> list[torch.Tensor]:
+        """The TTT states of a training batch (ttt_states), the aux features noised in
+        training mode by train.feature_noise."""
         aux = batch["aux"]
         if self.training and self.feature_noise > 0:
             aux = add_feature_noise(aux, self.feature_noise, self.spec.num_aux)
-        states = self.ttt_states(aux, batch["input_ids"], valid)  # steps x [B, T, H]
-        to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
-                                                      device=valid.device))  # [Vd]
-        kl_sums, counts = [], []
-        chain_ok = torch.ones_like(valid)  # steps < j all correct at this index
-        for j, post in enumerate(states):
-            # index t predicts x_{t+2+j} (counts if it exists and is an assistant token);
-            # the verifier's distribution for it comes from last[t+1+j]
-            step_valid = valid & acceptance.shift(learn, 2 + j)  # [B, T]
-            rows = post[step_valid]  # [N, H]: only the positions that count
-            picked = self.lm_head(pad_rows(rows, ROW_MULTIPLE))[: rows.shape[0]]  # [N, Vd]
-            logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)  # [B,T,Vd]
-            logits = logits.index_put((step_valid,), picked)
-            kl_sum, c, correct = losses.step_terms(
-                logits, acceptance.shift(tgt_logits, 1 + j), acceptance.shift(tgt_ids, 1 + j), to_target,
-                step_valid, chain_ok)
-            chain_ok = chain_ok & correct
-            kl_sums.append(kl_sum)
-            counts.append(c)
-        return losses.combine(kl_sums, counts, self.ttt_decay)
+        return self.ttt_states(aux, batch["input_ids"], valid)  # steps x [B, T, H]
 
     # ----------------------------------------------------------------- save
 

@@ -14,13 +14,14 @@ import json
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, provenance
+from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
+from draftkit.drafts.eagle_family import export as family_export
 from draftkit.drafts.eagle_family import format as eagle3_fmt
 from draftkit.drafts.eagle_family.export import _target_ref, check_against_run, portable
 from draftkit.drafts.eagle_family.model import CONFIG_FILE, WEIGHTS_FILE
-from draftkit.drafts.export_files import read_json, serving_snippets
+from draftkit.drafts.export_files import serving_snippets
 from draftkit.drafts.peagle import format as fmt
 
 
@@ -45,18 +46,9 @@ def export_run(run) -> Path:
     check_against_run(spec, cfg)
     tensors.pop("embed_tokens.weight", None)  # vLLM shares the target's embedding
     fmt.check_state_dict(spec, tensors, mask_token_id)
-    train_meta = read_json(best / "meta.json")
-    out = run.export_dir.resolve()
-    with artifacts.atomic_dir(out, overwrite=True) as tmp:
-        write_files(tmp, out, spec, tensors, mask_token_id, cfg)
-        provenance.write_meta(tmp, "export", cfg.to_dict(),
-                              {"export_s": time.perf_counter() - t0}, source=str(best),
-                              train_step=train_meta.get("step"),
-                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
-    sc = run_speculative_config(spec.num_speculative_tokens, cfg, model=str(out))
-    print(f"exported {out}\n  vllm serve {_target_ref(spec)} --speculative-config "
-          f"'{json.dumps(sc)}'")
-    return out
+    return family_export.write_export(
+        run, best, spec, lambda tmp, out: write_files(tmp, out, spec, tensors, mask_token_id, cfg),
+        t0)
 
 
 def run_speculative_config(k: int, cfg, model: str = ".") -> dict:
