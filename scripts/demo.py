@@ -7,9 +7,11 @@ templates (what RL sees) and hand-written ones (eval/splits.py). From those rows
 the serving choice (serving.json): per batch range the fastest method no slower than no
 speculation at either temperature (export/choice.py); the DFlash rows are measured beside it
 (eval.compare_runs), not served by it. Export's own vLLM check is off here: eval serves the
-exports right after, in the same engines. The DFlash row costs its training (the same epochs
-as the head's, on the same harvest: no second prepare or harvest) and one more eval engine:
-paid for with the batch-1 rows on 4 prompts and 96 new tokens below.
+exports right after, in the same engines. The DFlash row costs its training (on the same
+harvest: no second prepare or harvest) and one more eval engine. Its trade: it trains half the
+head's epochs (DFLASH_EPOCHS_SHARE; a DFlash step costs ~1.8x a head step on the CPU, so its full
+epochs took 1147 s against the head's 640 s: docs/benchmarks.md#the-demo), and the batch-1 rows
+run on 4 prompts and 96 new tokens below.
 
     make demo                       # = python scripts/demo.py --dir runs --name demo
     python scripts/demo.py --name demo train.max_steps=100   # extra key=value overrides
@@ -72,6 +74,7 @@ FP32_OVERRIDES = ["eval.num_prompts=8", "eval.batch_sizes=[1,8]"]  # a batch nee
 FULL_OVERRIDES = ["data.max_samples=1000", "data.self_instruct=120",
                   "data.substitute_copies=2", "train.epochs=5"]
 TIERS = ("auto", "full")
+DFLASH_EPOCHS_SHARE = 0.5  # of the head's train.epochs: the DFlash row's trade for the budget
 
 
 def parser() -> argparse.ArgumentParser:
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             _stage(stage, run, overrides, timings)
         sibling = dflash_run(run, overrides)
         for stage in ("harvest", "train", "export"):  # its harvest: the head's, verified
-            _stage(stage, sibling, overrides, timings, "dflash_")
+            _stage(stage, sibling, dflash_overrides(run, overrides), timings, "dflash_")
         result = _stage("evaluate", run, [*overrides, f"eval.compare_runs=[{sibling}]"],
                         timings)
     except DraftkitError as e:
@@ -129,13 +132,21 @@ def dflash_run(run: Path, overrides: list[str]) -> Path:
     if not (sibling / config.CONFIG_NAME).exists():
         api.init(head.target.name, head.data.recipe, kind="dflash", name=sibling.name,
                  runs_dir=run.parent,
-                 overrides=[*overrides, f"harvest.dir={run.resolve() / 'harvest'}"])
+                 overrides=[*dflash_overrides(run, overrides),
+                            f"harvest.dir={run.resolve() / 'harvest'}"])
     if not (sibling / "data").exists():  # copied whole, then renamed: never half there
         tmp = sibling / ".data.copy"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(run / "data", tmp)
         tmp.rename(sibling / "data")
     return sibling
+
+
+def dflash_overrides(run: Path, overrides: list[str]) -> list[str]:
+    """The demo's overrides for the DFlash sibling: `overrides`, then its epochs, a share
+    (DFLASH_EPOCHS_SHARE, at least 1) of the head run's train.epochs."""
+    epochs = max(1, round(config.load(run, overrides).train.epochs * DFLASH_EPOCHS_SHARE))
+    return [*overrides, f"train.epochs={epochs}"]
 
 
 def demo_overrides(tier: str = "auto") -> list[str]:

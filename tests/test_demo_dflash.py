@@ -63,6 +63,9 @@ def test_the_sibling_is_a_dflash_run_on_the_heads_data_and_harvest(runs, sibling
     assert (cfg.draft.kind, cfg.target.name, sibling.name) == ("dflash", "tiny-llama",
                                                                "demo-dflash")
     assert cfg.harvest.dir == str(runs.resolve() / "harvest")
+    # the DFlash row's trade for the demo's budget: half the head's epochs, user overrides kept
+    assert (config.load(runs).train.epochs, cfg.train.epochs) == (4, 2)
+    assert script("demo").dflash_overrides(runs, [*SMALL, "train.epochs=6"])[-1] == "train.epochs=3"
     data = lambda run: {p.relative_to(run / "data"): p.read_bytes()  # noqa: E731
                         for p in sorted((run / "data").rglob("*")) if p.is_file()}
     assert data(sibling) == data(runs)
