@@ -56,6 +56,24 @@ def test_config_and_the_engine_speculative_config(tmp_path):
     assert draft_speculative_config(export)["method"] == "eagle3"  # a schedule of another method
 
 
+def test_serving_advice_names_the_pick_at_trls_generation_batch(tmp_path):
+    from draftkit.integrations.trl import serving_advice
+
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "speculative_config.json").write_text(json.dumps(
+        {"method": "eagle3", "model": ".", "num_speculative_tokens": 3}))
+    assert serving_advice(export, 16) is None  # never measured: nothing to say
+    t = {"0.0": {"speedup": 1.0}, "1.0": {"speedup": 1.0}}
+    (export / "serving.json").write_text(json.dumps({"schedule": None, "ranges": [
+        {"batch_from": 1, "batch_to": 7, "method": "eagle3", "k": 3, "by_temperature": t},
+        {"batch_from": 8, "batch_to": None, "method": "none", "k": None, "by_temperature": t}]}))
+    assert serving_advice(export, 4) is None  # the draft is the pick there
+    advice = serving_advice(export, 16)
+    assert "measured none fastest at batch 8-" in advice and "generation batch 16" in advice
+    assert "DraftkitConfig(method='none')" in advice and "T=1.0: 1.00x" in advice
+
+
 # ------------------------------------------------------------------ taps from TRL's loss forward
 
 TAPPED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")

@@ -126,6 +126,28 @@ def draft_speculative_config(draft_dir: str | Path, k: int | None = None) -> dic
     return sc
 
 
+def serving_advice(draft_dir: str | Path, batch: int) -> str | None:
+    """What the export's serving.json measured at TRL's generation batch when that is not the
+    draft (eval picked no speculation or a free method for the batch's range), else None: the
+    draft is served as asked, so the user is told it measured slower there and what to set."""
+    path = Path(draft_dir) / SERVING_FILE
+    if not path.is_file():
+        return None
+    serving = artifacts.read_json(path)
+    own = load_speculative_config(draft_dir).get("method")
+    for r in serving.get("ranges", []):
+        if r["batch_from"] <= batch and (r["batch_to"] is None or batch <= r["batch_to"]):
+            if r["method"] == own:
+                return None
+            ups = ", ".join(f"T={t}: {x['speedup']:.2f}x" for t, x in r["by_temperature"].items())
+            return (f"{path} measured {r['method']} fastest at batch {r['batch_from']}-"
+                    f"{r['batch_to'] or ''} ({ups} over no speculation), which holds TRL's "
+                    f"generation batch {batch}: the draft measured slower there. "
+                    f"DraftkitConfig(method='{r['method']}') "
+                    "serves that pick; re-run `draftkit eval` on this machine to measure again")
+    return None
+
+
 class SpeculativeRollouts:
     """The state the integration keeps beside one trainer: its engine, refresher and records."""
 
@@ -164,6 +186,10 @@ class SpeculativeRollouts:
         """Stands in for vllm.LLM while TRL builds its colocated engine: TRL's keywords, plus
         the draft's speculative config and what draftkit's checks need."""
 
+        if self.draft_dir is not None and max_num_seqs:
+            if advice := serving_advice(self.draft_dir, max_num_seqs):
+                log.warning("draftkit: %s", advice)
+                self.events.append({"event": "advice", "batch": max_num_seqs, "advice": advice})
         spec = vllm_engine.EngineSpec(
             model=model, speculative_config=self.speculative, dtype=self.cfg.dtype, seed=seed,
             max_model_len=max_model_len or vllm_engine.EngineSpec.max_model_len,
