@@ -74,7 +74,11 @@ FP32_OVERRIDES = ["eval.num_prompts=8", "eval.batch_sizes=[1,8]"]  # a batch nee
 FULL_OVERRIDES = ["data.max_samples=1000", "data.self_instruct=120",
                   "data.substitute_copies=2", "train.epochs=5"]
 TIERS = ("auto", "full")
-DFLASH_EPOCHS_SHARE = 0.5  # of the head's train.epochs: the DFlash row's trade for the budget
+# of the head's train.epochs: the DFlash row's trade for the budget. Measured (fp32, 2-core
+# Intel Xeon without bf16): half the epochs trained in 295 s to AL 1.08 at T=0 batch 1 (demo26,
+# results/demo/), the full epochs to AL 1.42 in 1147 s under load; --dflash-epochs-share 1 buys
+# the AL back
+DFLASH_EPOCHS_SHARE = 0.5
 
 
 def parser() -> argparse.ArgumentParser:
@@ -83,6 +87,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="demo")
     p.add_argument("--tier", choices=TIERS, default="auto",
                    help="auto: sized to 20 minutes on this CPU; full: the recipe that passes n-gram")
+    p.add_argument("--dflash-epochs-share", type=float, default=DFLASH_EPOCHS_SHARE,
+                   help="the DFlash sibling's epochs as a share of the head's (1.0: the same)")
     p.add_argument("overrides", nargs="*")
     return p
 
@@ -98,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                           overrides=overrides)
         for stage in ("prepare", "harvest", "train", "export"):
             _stage(stage, run, overrides, timings)
-        sibling = dflash_run(run, overrides)
+        sibling = dflash_run(run, overrides, args.dflash_epochs_share)
+        dflash = dflash_overrides(run, overrides, args.dflash_epochs_share)
         for stage in ("harvest", "train", "export"):  # its harvest: the head's, verified
-            _stage(stage, sibling, dflash_overrides(run, overrides), timings, "dflash_")
+            _stage(stage, sibling, dflash, timings, "dflash_")
         result = _stage("evaluate", run, [*overrides, f"eval.compare_runs=[{sibling}]"],
                         timings)
     except DraftkitError as e:
@@ -122,7 +129,7 @@ def _stage(stage: str, run: Path, overrides: list[str], timings: dict, prefix: s
     return result
 
 
-def dflash_run(run: Path, overrides: list[str]) -> Path:
+def dflash_run(run: Path, overrides: list[str], share: float = DFLASH_EPOCHS_SHARE) -> Path:
     """The sibling run <name>-dflash: a DFlash draft (configs/dflash-<target>.yaml) of the
     head run's target and recipe on the demo's settings, its data a copy of the head's
     prepared data, its harvest.dir the head's harvest (same data and taps, so the fingerprint
@@ -132,7 +139,7 @@ def dflash_run(run: Path, overrides: list[str]) -> Path:
     if not (sibling / config.CONFIG_NAME).exists():
         api.init(head.target.name, head.data.recipe, kind="dflash", name=sibling.name,
                  runs_dir=run.parent,
-                 overrides=[*dflash_overrides(run, overrides),
+                 overrides=[*dflash_overrides(run, overrides, share),
                             f"harvest.dir={run.resolve() / 'harvest'}"])
     if not (sibling / "data").exists():  # copied whole, then renamed: never half there
         tmp = sibling / ".data.copy"
@@ -142,10 +149,11 @@ def dflash_run(run: Path, overrides: list[str]) -> Path:
     return sibling
 
 
-def dflash_overrides(run: Path, overrides: list[str]) -> list[str]:
-    """The demo's overrides for the DFlash sibling: `overrides`, then its epochs, a share
-    (DFLASH_EPOCHS_SHARE, at least 1) of the head run's train.epochs."""
-    epochs = max(1, round(config.load(run, overrides).train.epochs * DFLASH_EPOCHS_SHARE))
+def dflash_overrides(run: Path, overrides: list[str],
+                     share: float = DFLASH_EPOCHS_SHARE) -> list[str]:
+    """The demo's overrides for the DFlash sibling: `overrides`, then its epochs, a share (at
+    least 1 epoch) of the head run's train.epochs."""
+    epochs = max(1, round(config.load(run, overrides).train.epochs * share))
     return [*overrides, f"train.epochs={epochs}"]
 
 

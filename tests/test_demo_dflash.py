@@ -65,7 +65,10 @@ def test_the_sibling_is_a_dflash_run_on_the_heads_data_and_harvest(runs, sibling
     assert cfg.harvest.dir == str(runs.resolve() / "harvest")
     # the DFlash row's trade for the demo's budget: half the head's epochs, user overrides kept
     assert (config.load(runs).train.epochs, cfg.train.epochs) == (4, 2)
-    assert script("demo").dflash_overrides(runs, [*SMALL, "train.epochs=6"])[-1] == "train.epochs=3"
+    demo = script("demo")
+    assert demo.dflash_overrides(runs, [*SMALL, "train.epochs=6"])[-1] == "train.epochs=3"
+    assert demo.dflash_overrides(runs, SMALL, 1.0)[-1] == "train.epochs=4"
+    assert demo.parser().parse_args(["--dflash-epochs-share", "1"]).dflash_epochs_share == 1.0
     data = lambda run: {p.relative_to(run / "data"): p.read_bytes()  # noqa: E731
                         for p in sorted((run / "data").rglob("*")) if p.is_file()}
     assert data(sibling) == data(runs)
