@@ -11,7 +11,7 @@ exports right after, in the same engines. The DFlash row costs its training (on 
 harvest: no second prepare or harvest) and one more eval engine. Its trade: it trains half the
 head's epochs (DFLASH_EPOCHS_SHARE; a DFlash step costs ~1.8x a head step on the CPU, so its full
 epochs took 1147 s against the head's 640 s: docs/benchmarks.md#the-demo), and the batch-1 rows
-run on 4 prompts and 96 new tokens below.
+run on 4 prompts and 96 new tokens below (3 and 64 in the fp32 tier, FP32_OVERRIDES).
 
     make demo                       # = python scripts/demo.py --dir runs --name demo
     python scripts/demo.py --name demo train.max_steps=100   # extra key=value overrides
@@ -61,12 +61,20 @@ DEMO_OVERRIDES = [
 # problems x 3 epochs (demo9: 16.6 min on an Intel Xeon with AMX); where it runs on AVX512-BF16
 # alone, every stage is ~1.6x slower and 600 took 20.4 min (demo12, AMD EPYC), so 500 x 3
 # (400 x 5, for bench_learning's epochs finding, took 21.0 min and moved unseen-template AL by
-# +0.03 to +0.05: demo16); in fp32 (AVX2-only CPUs) vLLM generates 2-3x slower still: 240 x 4
-# and 8 eval prompts per split (280 took 18.6 min on the Intel Xeon restricted to AVX2, demo10,
-# and 20.7 min on the AMD EPYC restricted the same way, demo19-avx2).
+# +0.03 to +0.05: demo16); in fp32 (CPUs without native bf16) vLLM generates 2-3x slower still:
+# 240 problems and 8 eval prompts per split (280 x 4 took 18.6 min on the Intel Xeon restricted
+# to AVX2, demo10, before the T=1, DFlash and batch-16 rows). With those rows 240 x 4 took 32 min
+# (demo26, results/demo/: prepare 360 s, harvest 134, head 323, DFlash 295, eval 796), so the
+# fp32 tier also cuts what its eval does not use: answers regenerated to 128 tokens (were 192;
+# eval decodes 64 past the prompt), 3 epochs, 64 eval tokens, 3 batch-1 prompts, and one other
+# split (hand-written, the prompts unlike training; the held-out split already holds new
+# problems of the training templates).
 BF16_OVERRIDES = ["data.max_samples=600", "train.epochs=3"]
 BF16_NO_AMX_OVERRIDES = ["data.max_samples=500", "train.epochs=3"]
-FP32_OVERRIDES = ["eval.num_prompts=8", "eval.batch_sizes=[1,8]"]  # a batch needs its prompts
+FP32_OVERRIDES = ["data.regen_max_new_tokens=128", "train.epochs=3",
+                  "eval.num_prompts=8", "eval.batch_sizes=[1,8]",  # a batch needs its prompts
+                  "eval.max_new_tokens=64", "eval.latency_prompts=3",
+                  "eval.splits=[hand-written]"]
 # `--tier full`: the cheapest recipe measured whose head passes n-gram's AL on every split, unseen
 # templates included (bench_learning `sub-2-e5` on `data-1120`: 2.38 / 2.74 / 2.30 vs 2.24 / 2.16 /
 # 2.14 for 1.9 CPU-hours on the AMD EPYC; docs/benchmarks.md, "AL against the whole compute"). About an hour

@@ -19,12 +19,16 @@ def demo():
     return script("demo")
 
 
-@pytest.mark.parametrize("dtype,flags,samples,epochs,prompts",
-                         [("bfloat16", ("avx512_bf16", "amx_bf16"), 600, 3, 16),
-                          ("bfloat16", ("avx512_bf16",), 500, 3, 16),
-                          ("float32", ("avx2",), 240, 4, 8)])
+BOTH_SPLITS = ["seen-templates", "hand-written"]
+
+
+@pytest.mark.parametrize("dtype,flags,samples,epochs,prompts,splits,answer,eval_tokens",
+                         [("bfloat16", ("avx512_bf16", "amx_bf16"), 600, 3, 16, BOTH_SPLITS,
+                           192, 96),
+                          ("bfloat16", ("avx512_bf16",), 500, 3, 16, BOTH_SPLITS, 192, 96),
+                          ("float32", ("avx2",), 240, 3, 8, ["hand-written"], 128, 64)])
 def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags, samples, epochs,
-                                                prompts):
+                                                prompts, splits, answer, eval_tokens):
     cpu = hardware.Hardware(device="cpu", cpu_model="test", cpu_flags=flags,
                             torch_cpu_capability="AVX512", torch_cpu_bf16=dtype == "bfloat16")
     monkeypatch.setattr(hardware, "detect", lambda: cpu)
@@ -32,7 +36,10 @@ def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags,
     cfg = resolve("smollm2-135m", "math", overrides=demo.demo_overrides())
     assert (cfg.data.max_samples, cfg.train.epochs, cfg.eval.num_prompts) == (samples, epochs,
                                                                               prompts)
-    assert cfg.eval.splits == ["seen-templates", "hand-written"] and not cfg.export.check
+    assert cfg.eval.splits == splits and not cfg.export.check
+    # the fp32 tier regenerates no more answer than eval decodes past it is worth: eval's tokens
+    assert (cfg.data.regen_max_new_tokens, cfg.eval.max_new_tokens) == (answer, eval_tokens)
+    assert cfg.eval.max_new_tokens < cfg.data.regen_max_new_tokens
     # the serving choice must hold at RL's T=1 as at T=0; every batch has its eval prompts
     assert cfg.eval.temperatures == [0.0, 1.0] and len(cfg.eval.k_values) == 1
     assert max(cfg.eval.batch_sizes) <= cfg.eval.num_prompts and 8 in cfg.eval.batch_sizes
