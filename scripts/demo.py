@@ -83,9 +83,10 @@ FULL_OVERRIDES = ["data.max_samples=1000", "data.self_instruct=120",
                   "data.substitute_copies=2", "train.epochs=5"]
 TIERS = ("auto", "full")
 # of the head's train.epochs: the DFlash row's trade for the budget. Measured (fp32, 2-core
-# Intel Xeon without bf16): half the epochs trained in 295 s to AL 1.08 at T=0 batch 1 (demo26,
-# results/demo/), the full epochs to AL 1.42 in 1147 s under load; --dflash-epochs-share 1 buys
-# the AL back
+# Intel Xeon without bf16): half the epochs from random layers trained in 295 s to AL 1.08 at
+# T=0 batch 1 (demo26), from target layers 27-28 in 248 s to AL 1.19 on the fp32 tier's shorter
+# answers (demo27, results/demo/); random layers at the full epochs reached AL 1.42 in 1147 s
+# under load; --dflash-epochs-share 1 buys AL with time
 DFLASH_EPOCHS_SHARE = 0.5
 
 
