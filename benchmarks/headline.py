@@ -18,14 +18,17 @@ SPLIT = "hand-written"  # problems in no template's wording: the split nothing w
 
 
 def _key(row: dict) -> tuple:
-    return (row["label"], row["k"])
+    """A table row: a method's own rows per k; the exported choice's and its ranges' rows by
+    label alone (their method and k may change with the batch)."""
+    return (row["label"],) if row["label"].startswith("exported") else (row["label"], row["k"])
 
 
-def _name(row: dict) -> str:
-    if row["method"] == "none":
+def _name(cells: list[dict]) -> str:
+    if cells[0]["label"] == "none":
         return "no speculation (tok/s)"
-    k = f", k={row['k']}" if row.get("k") is not None else ""
-    return f"{row['label']}{k}"
+    ks = {r.get("k") for r in cells}
+    k = f", k={ks.pop()}" if len(ks) == 1 and None not in ks else ""
+    return f"{cells[0]['label']}{k}"
 
 
 def columns(rows: list[dict]) -> list[tuple[float, int]]:
@@ -47,13 +50,12 @@ def table(result: dict, split: str = SPLIT) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in order:
         cells = {(r["temperature"], r["batch_size"]): r for r in rows if _key(r) == key}
-        first = next(iter(cells.values()))
-        out = [_name(first)]
+        out = [_name(list(cells.values()))]
         for col in cols:
             r = cells.get(col)
-            if r is None:
+            if r is None or r.get("unavailable"):
                 out.append("–")
-            elif r["method"] == "none":
+            elif r["label"] == "none":
                 out.append(f"{r['tokens_per_s']:.1f}")
             else:
                 ratio = r["tokens_per_s"] / base[col]

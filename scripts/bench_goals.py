@@ -7,6 +7,7 @@ gets is chosen on the run's own split, then measured against the goals on every 
     python scripts/bench_goals.py --run runs/demo                       # the demo's head
     python scripts/bench_goals.py --run runs/demo --drafts runs/demo-peagle --draft-k 1,2,3
     python scripts/bench_goals.py --run runs/demo --smoke --out /tmp/goals   # a quick check
+    python scripts/bench_goals.py --render results/bench_goals.json   # analysis again, no engine
 
 Writes <out>/bench_goals.{json,md,png}.
 """
@@ -23,7 +24,9 @@ from benchmarks.serving import goals  # noqa: E402
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run", required=True, help="the demo run (its export is the first draft)")
+    p.add_argument("--run", help="the demo run (its export is the first draft)")
+    p.add_argument("--render", metavar="JSON", type=Path,
+                   help="rebuild a written result's analysis and report from its rows instead")
     p.add_argument("--drafts", default="",
                    help="more runs with an export, comma-separated; RUN:1/3 gives a run its own k")
     p.add_argument("--k", type=int, default=3, help="k of n-gram and suffix decoding")
@@ -47,6 +50,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         for key, value in goals.SMOKE.items():
             setattr(args, key, value)
+    if (args.run is None) == (args.render is None):
+        p.error("give --run (measure) or --render JSON (rebuild a result's report), not both")
     if max(goals.ints(args.batch)) > args.prompts:
         p.error(f"--batch {args.batch} needs --prompts >= {max(goals.ints(args.batch))}: a "
                 "batch row must run that many sequences at once")
@@ -54,7 +59,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return goals.run(parse(argv))
+    args = parse(argv)
+    if args.render:
+        return goals.render(args.render, Path(args.out), sys.argv)
+    return goals.run(args)
 
 
 if __name__ == "__main__":

@@ -92,3 +92,86 @@ def test_the_exported_choice_is_a_row_against_none_and_the_free_methods(goals):
     assert "No slower than no speculation in 1 of 2 cells; every goal met in 1 of 2." in md
     assert "Not measured: run eval" in "\n".join(goals.choice_markdown(
         {"exported": None, "exported_missing": "run eval"}))
+
+
+SERVING = {"schedule": None, "rule": "the rule", "measured": {},
+           "ranges": [{"batch_from": 1, "batch_to": 7, "method": "eagle3", "k": 3},
+                      {"batch_from": 8, "batch_to": 15, "method": "suffix", "k": 3},
+                      {"batch_from": 16, "batch_to": None, "method": "none", "k": None}]}
+
+
+def _ranged_rows(goals):
+    rows = []
+    for b, none, suffix, mine, other in ((1, 10.0, 12.0, 15.0, 30.0), (8, 80.0, 84.0, 60.0, 90.0),
+                                         (16, 120.0, 90.0, 70.0, 130.0)):
+        rows += [_row("none", "none", None, "hand-written", 1.0, b, none),
+                 _row("suffix", "suffix", 3, "hand-written", 1.0, b, suffix),
+                 _row("demo (eagle3)", "eagle3", 3, "hand-written", 1.0, b, mine),
+                 _row("demo (eagle3)", "eagle3", 1, "hand-written", 1.0, b, mine + 1),
+                 _row("other (eagle3)", "eagle3", 3, "hand-written", 1.0, b, other)]
+    return rows
+
+
+def test_serving_json_ranges_are_the_rows_of_the_method_each_range_names(goals):
+    """No engine of their own: per batch the run's draft at the range's k (never another run's
+    draft of the same method, never another k), the free method, or no speculation; a range
+    this run did not measure is a row saying so."""
+    rows = _ranged_rows(goals)
+    got = {r["batch_size"]: r for r in goals.range_rows(SERVING, rows, "demo (eagle3)")}
+    assert {b: r["tokens_per_s"] for b, r in got.items()} == {1: 15.0, 8: 84.0, 16: 120.0}
+    assert {r["label"] for r in got.values()} == {goals.PER_RANGE}
+    assert (got[8]["method"], got[16]["method"]) == ("suffix", "none")
+    cells = {g["batch_size"]: g for g in goals.choice_goals([*rows, *got.values()],
+                                                            goals.PER_RANGE)}
+    assert cells[1]["vs_none"] == pytest.approx(1.5) and cells[1]["met_none"]
+    assert cells[8]["vs_none"] == pytest.approx(84 / 80) and not cells[8]["met_free"]  # 1.0x
+    assert cells[16]["vs_none"] == 1.0 and cells[16]["met_free"]  # 120 / 90 >= 1.1
+    unmeasured = {**SERVING, "ranges": [{"batch_from": 1, "batch_to": None, "method": "eagle3",
+                                         "k": 2}]}
+    (r, *_) = goals.range_rows(unmeasured, rows, "demo (eagle3)")
+    assert "did not measure it" in r["unavailable"] and r["k"] == 2
+    assert goals.range_rows({**SERVING, "ranges": []}, rows, "demo (eagle3)") == []
+    # the derived rows are no candidate draft and no free method
+    assert goals.choose([*rows, *got.values()]) == goals.choose(rows)
+
+
+def test_render_rebuilds_the_analysis_from_a_written_result(goals, tmp_path):
+    """scripts/bench_goals.py --render: a result written before the ranges were rows gets them
+    (its --run read from its argv), twice gives the same rows, the report names both commits,
+    and the README's headline shows the ranges as one row."""
+    from benchmarks import headline
+    from draftkit.core import artifacts
+
+    old = {"rows": _ranged_rows(goals), "argv": ["scripts/bench_goals.py", "--run", "runs/demo"],
+           "smoke": False, "exported": SERVING, "exported_missing": None, "target": "tiny",
+           "k_free": 3, "git_sha": "1234567abc", "seconds": 60.0, "dtype": "float32",
+           "hardware": {"cpu_model": "cpu", "cpu_count": 2, "cpu_native_bf16": False},
+           "prompts": {"batch_1": 2, "batch_gt_1": 16}, "max_new_tokens": 64}
+    artifacts.write_json_atomic(tmp_path / "in.json", old)
+    argv = ["scripts/bench_goals.py", "--render", "in.json"]
+    assert goals.render(tmp_path / "in.json", tmp_path / "out", argv) == 0
+    first = artifacts.read_json(tmp_path / "out" / "bench_goals.json")
+    ranged = [r for r in first["rows"] if r["label"] == goals.PER_RANGE]
+    assert len(ranged) == 3 and len(first["range_goals"]) == 3
+    goals.render(tmp_path / "out" / "bench_goals.json", tmp_path / "again", argv)
+    assert artifacts.read_json(tmp_path / "again" / "bench_goals.json")["rows"] == first["rows"]
+    md = (tmp_path / "out" / "bench_goals.md").read_text()
+    assert "at code `1234567`. Analysis rebuilt from its rows by `python scripts/bench_goals.py " \
+           "--render in.json`" in md
+    assert "serving.json's ranges: eagle3 k=3 at batch 1-7, suffix k=3 at batch 8-15, none at " \
+           "batch 16+" in md
+    assert "| 1 | 16 | hand-written | 120.0 (1.00x; 1.50 tok/step; AL –) | **1.00x** | suffix " \
+           "| 1.33x" in md
+    table = headline.table(first)
+    assert "| exported per range | 1.50x (1.50) | 1.05x (1.50) | 1.00x (1.50) |" in table
+    assert "| no speculation (tok/s) | 10.0 | 80.0 | 120.0 |" in table
+
+
+def test_bench_goals_takes_run_or_render(goals):
+    from _runs import script
+
+    bench = script("bench_goals")
+    assert bench.parse(["--render", "r.json"]).render.name == "r.json"
+    for argv in ([], ["--run", "runs/demo", "--render", "r.json"]):
+        with pytest.raises(SystemExit):
+            bench.parse(argv)

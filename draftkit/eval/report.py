@@ -129,8 +129,18 @@ def _choice(c: dict | None) -> list[str]:
     d = c.get("dynamic")
     lines += ["", f"One engine (vLLM `num_speculative_tokens_per_batch_size`): "
               f"{d['method']} {d['num_speculative_tokens_per_batch_size']}" if d else
-              "One engine: no method beats no speculation at any batch size.", ""]
+              _no_schedule(c["ranges"]), ""]
     return lines
+
+
+def _no_schedule(ranges: list[dict]) -> str:
+    """Why one engine serves no speculation: nothing wins, or no method wins everywhere (a
+    range it loses would need k 0, which vLLM still drafts: export/choice.py)."""
+    if all(p["method"] == "none" for p in ranges):
+        return "One engine: no method beats no speculation at any batch size."
+    return ("One engine: no speculation (no method is no slower than it at every batch size, "
+            "and k 0 is not no speculation in vLLM); the table's method per range needs one "
+            "engine per range.")
 
 
 def _method(r: dict) -> str:

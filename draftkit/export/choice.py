@@ -114,6 +114,12 @@ def simplicity(key: tuple[str, int | None]) -> tuple[int, int]:
     return rank, k or 0
 
 
+def range_for(picked: list[dict], batch: int) -> dict | None:
+    """The range of `picked` (a choice's or serving.json's "ranges") that holds `batch`."""
+    return next((r for r in picked if r["batch_from"] <= batch
+                 and (r["batch_to"] is None or batch <= r["batch_to"])), None)
+
+
 def ranges(sizes: list[int]) -> list[tuple[int, int | None]]:
     """[(from, to)] per sorted batch size: b_i .. b_{i+1} - 1, the first from 1, the last open."""
     starts = [1, *sizes[1:]]

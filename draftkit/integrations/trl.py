@@ -52,6 +52,7 @@ import torch
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import aux_layer_ids
+from draftkit.export import choice
 from draftkit.export.serving_file import SERVING_FILE
 from draftkit.export.stage import load_speculative_config
 from draftkit.rl.capture import Taps
@@ -135,17 +136,15 @@ def serving_advice(draft_dir: str | Path, batch: int) -> str | None:
         return None
     serving = artifacts.read_json(path)
     own = load_speculative_config(draft_dir).get("method")
-    for r in serving.get("ranges", []):
-        if r["batch_from"] <= batch and (r["batch_to"] is None or batch <= r["batch_to"]):
-            if r["method"] == own:
-                return None
-            ups = ", ".join(f"T={t}: {x['speedup']:.2f}x" for t, x in r["by_temperature"].items())
-            return (f"{path} measured {r['method']} fastest at batch {r['batch_from']}-"
-                    f"{r['batch_to'] or ''} ({ups} over no speculation), which holds TRL's "
-                    f"generation batch {batch}: the draft measured slower there. "
-                    f"DraftkitConfig(method='{r['method']}') "
-                    "serves that pick; re-run `draftkit eval` on this machine to measure again")
-    return None
+    r = choice.range_for(serving.get("ranges", []), batch)
+    if r is None or r["method"] == own:
+        return None
+    ups = ", ".join(f"T={t}: {x['speedup']:.2f}x" for t, x in r["by_temperature"].items())
+    return (f"{path} measured {r['method']} fastest at batch {r['batch_from']}-"
+            f"{r['batch_to'] or ''} ({ups} over no speculation), which holds TRL's "
+            f"generation batch {batch}: the draft measured slower there. "
+            f"DraftkitConfig(method='{r['method']}') "
+            "serves that pick; re-run `draftkit eval` on this machine to measure again")
 
 
 class SpeculativeRollouts:

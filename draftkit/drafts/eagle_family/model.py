@@ -28,6 +28,7 @@ layer (init_layer.py).
 
 from __future__ import annotations
 
+import abc
 from pathlib import Path
 
 import torch
@@ -62,7 +63,7 @@ _TRAIN_DEFAULTS = TrainConfig()
 ROW_MULTIPLE = 64
 
 
-class FamilyDraft(nn.Module):
+class FamilyDraft(nn.Module, abc.ABC):
     """What every EAGLE-family draft model (Eagle3Draft, PEagleDraft, drafts/dflash's
     DFlashDraft) shares around its own input side and layers: the output side (`norm`, `lm_head`
     over the draft vocab, `d2t`/`t2d`), the frozen copies of the target's embedding, final norm
@@ -170,10 +171,10 @@ class FamilyDraft(nn.Module):
             out_ids[where] = torch.cat(ids)
         return out_logits, out_ids
 
+    @abc.abstractmethod
     def train_states(self, batch: dict, valid: torch.Tensor) -> list[torch.Tensor]:
         """The normed lm_head inputs of every draft step, k x [B, T, H]: step j at index t
         drafts x_{t+2+j}. Each draft model says how it gets them."""
-        raise NotImplementedError
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
         """The loss over a padded batch: aux [B,T,A*Ht], last [B,T,H], input_ids [B,T],
