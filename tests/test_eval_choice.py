@@ -317,3 +317,15 @@ def test_a_pick_whose_schedule_holds_k_0_is_picked_again_from_its_report(tmp_pat
     assert json.loads(path.read_text()) == today  # the same rows, today's rule: n-gram, no k 0
     assert serving["schedule"]["speculative_config"]["method"] == "ngram"
     assert "picked again from eval.json" in capsys.readouterr().err
+
+
+def test_the_eval_report_says_what_only_the_measured_splits_are():
+    from draftkit.eval import report
+
+    rows = [{"split": "hand-written", "method": "none", "k": None, "temperature": 0.0,
+             "batch_size": 8, "tokens_per_s": 90.0, "speedup": 1.0}]
+    md = "\n".join(report._splits({"rows": rows, "prompts": {"hand-written": 8}}))
+    assert "hand-written: problems written by hand" in md and "seen-templates" not in md
+    both = "\n".join(report._splits({"rows": rows, "prompts": {"seen-templates": 8,
+                                                                 "hand-written": 8}}))
+    assert "seen-templates: new problems" in both and "hand-written: problems" in both

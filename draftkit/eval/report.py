@@ -93,13 +93,16 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines)
 
 
+SPLIT_MEANS = {"seen-templates": "new problems of the training templates (what RL rollouts see)",
+               "hand-written": "problems written by hand, no template (data_recipes/eval/)"}
+
+
 def _splits(x: dict) -> list[str]:
     """The eval.splits table: each split measured by the same engines at one batch size."""
     b = x["rows"][0]["batch_size"] if x["rows"] else "–"
+    what = "; ".join(f"{s}: {SPLIT_MEANS[s]}" for s in x["prompts"] if s in SPLIT_MEANS)
     lines = [f"## Other prompt splits (batch {b})", "",
-             "seen-templates: new problems of the training templates (what RL rollouts see); "
-             "hand-written: problems written by hand, no template (data_recipes/eval/). "
-             f"Prompts: {x['prompts']}.", "",
+             f"{what}. Prompts: {x['prompts']}." if what else f"Prompts: {x['prompts']}.", "",
              "| split | method | k | T | AL | tok/step | acceptance per position | tok/s | "
              "speedup |", "|---|---|---|---|---|---|---|---|---|"]
     for r in x["rows"]:
