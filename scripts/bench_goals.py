@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
-from benchmarks.serving import goals  # noqa: E402
+from benchmarks.serving import goals, goals_report  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,8 +61,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.render:
-        return goals.render(args.render, Path(args.out), sys.argv)
-    return goals.run(args)
+        return goals_report.render(args.render, Path(args.out), sys.argv)
+    bench = goals.run(args)
+    if bench is None:
+        return 2
+    goals_report.write(bench, Path(args.out))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""benchmarks/serving/goals.py (scripts/bench_goals.py): the draft each (T, batch) gets is
-chosen on the own split only, and the goal ratio is its tokens/s over the better of n-gram and
-suffix decoding in each split."""
+"""benchmarks/serving/goals.py and goals_report.py (scripts/bench_goals.py): the draft each
+(T, batch) gets is chosen on the own split only, and the goal ratio is its tokens/s over the
+better of n-gram and suffix decoding in each split."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks.serving import goals as goals_module
+from benchmarks.serving import goals_report
 
 
 def _row(label, method, k, split, temp, b, tps):
@@ -45,11 +46,11 @@ def test_choice_on_the_own_split_and_ratio_over_the_better_free_method(goals, tm
              "hardware": {"cpu_model": "cpu", "cpu_count": 2, "cpu_native_bf16": True},
              "seconds": 60.0, "dtype": "bfloat16", "prompts": {"batch_1": 4, "batch_gt_1": 16},
              "max_new_tokens": 128}
-    md = goals.markdown(bench)
+    md = goals_report.markdown(bench)
     assert "| 0 | 8 | hand-written | demo (eagle3) k=1 | 126.0 (1.26x;" in md
     assert "**1.05x** | 1.1x | no |" in md and "1 of 2 cells meet their goal" in md
     assert "not measured: no arctic" in md
-    goals.plot(bench, tmp_path / "g.png")
+    goals_report.plot(bench, tmp_path / "g.png")
     assert (tmp_path / "g.png").stat().st_size > 0
 
 
@@ -86,11 +87,11 @@ def test_the_exported_choice_is_a_row_against_none_and_the_free_methods(goals):
         "method": "eagle3", "num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 8, 0]]}},
         "rule": "the rule", "measured": {"temperatures": [0, 1]}},
         "choice_goals": goals.choice_goals(rows)}
-    md = "\n".join(goals.choice_markdown(bench))
+    md = "\n".join(goals_report.choice_markdown(bench))
     assert "[[1, 7, 3], [8, 8, 0]]" in md and "the rule" in md
     assert "| 1 | 8 | unseen-templates | 99.0 (0.99x;" in md and "**0.99x** | ngram | 1.04x" in md
     assert "No slower than no speculation in 1 of 2 cells; every goal met in 1 of 2." in md
-    assert "Not measured: run eval" in "\n".join(goals.choice_markdown(
+    assert "Not measured: run eval" in "\n".join(goals_report.choice_markdown(
         {"exported": None, "exported_missing": "run eval"}))
 
 
@@ -149,11 +150,11 @@ def test_render_rebuilds_the_analysis_from_a_written_result(goals, tmp_path):
            "prompts": {"batch_1": 2, "batch_gt_1": 16}, "max_new_tokens": 64}
     artifacts.write_json_atomic(tmp_path / "in.json", old)
     argv = ["scripts/bench_goals.py", "--render", "in.json"]
-    assert goals.render(tmp_path / "in.json", tmp_path / "out", argv) == 0
+    assert goals_report.render(tmp_path / "in.json", tmp_path / "out", argv) == 0
     first = artifacts.read_json(tmp_path / "out" / "bench_goals.json")
     ranged = [r for r in first["rows"] if r["label"] == goals.PER_RANGE]
     assert len(ranged) == 3 and len(first["range_goals"]) == 3
-    goals.render(tmp_path / "out" / "bench_goals.json", tmp_path / "again", argv)
+    goals_report.render(tmp_path / "out" / "bench_goals.json", tmp_path / "again", argv)
     assert artifacts.read_json(tmp_path / "again" / "bench_goals.json")["rows"] == first["rows"]
     md = (tmp_path / "out" / "bench_goals.md").read_text()
     assert "at code `1234567`. Analysis rebuilt from its rows by `python scripts/bench_goals.py " \
