@@ -23,7 +23,7 @@ from draftkit.rl.job import refresh
 from draftkit.rl.refresher import DraftRefresher
 from draftkit.rl.rollout_servers import swap
 from draftkit.rl.watch import watch
-from draftkit.target.load import load_target
+from draftkit.targets.load import load_target
 from draftkit.train.stage import train
 
 __all__ = ["DraftRefresher", "drift", "evaluate", "export", "harvest", "init", "load_config",

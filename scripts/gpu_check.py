@@ -137,7 +137,7 @@ def write_rollouts(run: Path, path: Path, n: int = 12) -> Path:
 def lifecycle(check: Check, root: Path, device: str) -> None:
     from draftkit import api
     from draftkit.rl.policy import load_policy
-    from draftkit.target.load import target_dir
+    from draftkit.targets.load import target_dir
 
     dev = [f"train.device={device}"]
     run = check.step("init", lambda: api.init(TARGET, "math", name="check", runs_dir=root,

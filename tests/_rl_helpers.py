@@ -20,7 +20,7 @@ def make_run(tmp: Path, target, name: str = "rl") -> Path:
     from draftkit.drafts.eagle_family.model import Eagle3Draft
     from draftkit.drafts.eagle_family.vocab import DraftVocab
     from draftkit.export.stage import export
-    from draftkit.target.tokens import end_of_turn_ids
+    from draftkit.targets.tokens import end_of_turn_ids
 
     run = init_run("tiny-llama", "math", name=name, runs_dir=tmp, overrides=OVERRIDES)
     cfg = config.load(run)

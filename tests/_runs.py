@@ -191,7 +191,7 @@ def save_best(run: Path, model, metrics: dict | None = None, step: int = 7) -> P
 def greedy_batch(target, prompts: list[list[int]], new_tokens: int, aux: list[int]) -> dict:
     """The target's greedy continuations of `prompts` as a training batch (loss on the
     continuation), with its aux/last hidden states."""
-    from draftkit.target.capture import capture
+    from draftkit.targets.capture import capture
 
     tok = target.tokenizer
     with torch.no_grad():
@@ -214,7 +214,7 @@ def train_draft(run: Path, target, prompts: list[list[int]], new_tokens: int = 4
     `extra` more prompts. Returns (model in eval mode, its metrics on `prompts`)."""
     from draftkit.drafts.eagle_family.model import Eagle3Draft
     from draftkit.drafts.eagle_family.vocab import DraftVocab
-    from draftkit.target.tokens import end_of_turn_ids
+    from draftkit.targets.tokens import end_of_turn_ids
 
     cfg = config.load(run)
     all_prompts = prompts + chat_prompts(target.tokenizer, extra, offset=100)
@@ -274,7 +274,7 @@ def probe_drafter(worker) -> dict:
 
 def replay(model, target, prompt, generated, k):
     """vLLM's greedy chain drafting replayed with `step`: (drafts, accepted per position)."""
-    from draftkit.target.capture import capture as _capture
+    from draftkit.targets.capture import capture as _capture
 
     seq = prompt + generated
     with torch.no_grad():

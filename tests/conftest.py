@@ -31,7 +31,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tiny_target():
     """The in-process random tiny-llama target (built once into the draftkit cache)."""
-    from draftkit.target.load import load_target
+    from draftkit.targets.load import load_target
 
     return load_target("tiny-llama", device="cpu", dtype="float32")
 
@@ -39,7 +39,7 @@ def tiny_target():
 @pytest.fixture(scope="session")
 def smollm2_target():
     """The embedded SmolLM2-135M-Instruct target in fp32 (converted once from the GGUF)."""
-    from draftkit.target.load import load_target
+    from draftkit.targets.load import load_target
 
     return load_target("smollm2-135m", device="cpu", dtype="float32")
 

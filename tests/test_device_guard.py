@@ -68,7 +68,7 @@ def test_train_runs_on_a_device_that_is_not_the_cpu(runs, kind, mode, tmp_path):
 
 
 def _device_target(dev):
-    from draftkit.target.load import load_target
+    from draftkit.targets.load import load_target
 
     return load_target("tiny-llama", device=dev, dtype="float32")
 
@@ -77,7 +77,7 @@ def test_harvest_on_the_device_writes_the_cpu_shards(runs, monkeypatch):
     from _runs import copy_run
     from safetensors.torch import load_file
 
-    from draftkit.target import load as target_load
+    from draftkit.targets import load as target_load
 
     cpu_run = runs["eagle3"]
     run = copy_run(cpu_run, "eagle3-harvest", subs=("data",))

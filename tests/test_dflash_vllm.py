@@ -50,7 +50,7 @@ def _fitted_draft(cfg, tiny_target, batch):
     from draftkit.drafts.dflash.model import DFlashDraft
     from draftkit.drafts.eagle_family.target_tensors import module_tensors
     from draftkit.drafts.eagle_family.vocab import DraftVocab
-    from draftkit.target.tokens import end_of_turn_ids
+    from draftkit.targets.tokens import end_of_turn_ids
 
     counts = torch.bincount(batch["input_ids"][batch["loss_mask"].bool()],
                             minlength=cfg.target.vocab_size)

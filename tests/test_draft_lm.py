@@ -176,7 +176,7 @@ def test_forward_equals_a_direct_full_vocab_computation(tiny_target):
     cfg = resolve("tiny-llama", "math", kind="draft-lm", overrides=["train.ce_weight=0.3"])
     model = DraftLM.for_target(lm, tiny_target.model, cfg)
     model.chunk = 5  # several checkpointed chunks
-    from draftkit.target.capture import capture
+    from draftkit.targets.capture import capture
 
     ids = torch.randint(0, 512, (2, 12))
     attn = torch.ones_like(ids)
@@ -217,7 +217,7 @@ def test_the_target_as_its_own_draft_has_zero_kl_and_full_acceptance(tiny_target
     model = DraftLM.for_target(copy.deepcopy(tiny_target.model).float(), tiny_target.model, cfg)
     ids = torch.randint(0, 512, (1, 16))
     attn, loss_mask = torch.ones_like(ids), torch.ones_like(ids)
-    from draftkit.target.capture import capture
+    from draftkit.targets.capture import capture
 
     _, last = capture(tiny_target.model, ids, [8])
     with torch.no_grad():
@@ -284,7 +284,7 @@ def test_warm_start_from_a_trained_draft_lm(lm_run):
         api.train(lm_run)
     other = copy_run(lm_run, "dlm-warm")
     from draftkit.core import config
-    from draftkit.target.load import load_target
+    from draftkit.targets.load import load_target
 
     cfg = config.load(other, [f"train.init_from={lm_run}"])
     lm = build.build_lm(cfg, load_target("tiny-llama", device="cpu", dtype="float32"))

@@ -12,7 +12,7 @@ from draftkit.core import config
 from draftkit.core.config import ConfigError
 from draftkit.export import stage as export
 from draftkit.serving import vllm_engine
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 K, PROMPTS, GEN = 3, 8, 32
 

@@ -186,7 +186,7 @@ def tiny_vocab():
 
 
 def test_from_run_config_copies_the_target(tiny_cfg, tiny_vocab, tiny_target):
-    from draftkit.target.capture import capture, logits_from_last
+    from draftkit.targets.capture import capture, logits_from_last
 
     model = Eagle3Draft.from_run_config(tiny_cfg, tiny_vocab, target_model=tiny_target.model)
     from_files = Eagle3Draft.from_run_config(tiny_cfg, tiny_vocab)

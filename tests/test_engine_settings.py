@@ -114,7 +114,7 @@ def test_run_settings_reach_the_llm_call_of_eval_and_regeneration(tmp_path, reco
                                                                   tiny_target):
     from draftkit.prepare import regen
     from draftkit.serving import vllm_engine
-    from draftkit.target.load import target_dir
+    from draftkit.targets.load import target_dir
 
     run = init_run("tiny-llama", "math", runs_dir=tmp_path,
                    overrides=[*ENGINE, "data.regen_batch_size=32"])
@@ -138,7 +138,7 @@ def test_run_settings_reach_the_llm_call_of_eval_and_regeneration(tmp_path, reco
 
 def test_an_engine_without_a_run_gets_this_machines_defaults_and_extra_wins(recorder):
     from draftkit.serving import vllm_engine
-    from draftkit.target.load import target_dir
+    from draftkit.targets.load import target_dir
 
     model = str(target_dir("tiny-llama"))
     vllm_engine.start(vllm_engine.EngineSpec(model=model, dtype="float32"))

@@ -289,7 +289,7 @@ def test_vllm_cpu_drafts_the_k_of_each_batch_range():
     k 0 included. n-gram on prompts that repeat: 3 tokens per draft alone, none at batch 4."""
     from draftkit.serving import vllm_engine
     from draftkit.serving.counters import SpecCounters
-    from draftkit.target.load import target_dir
+    from draftkit.targets.load import target_dir
 
     spec = {**vllm_engine.ngram_config(3), "num_speculative_tokens_per_batch_size": [
         [1, 1, 3], [2, 64, 0]]}

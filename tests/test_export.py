@@ -89,7 +89,7 @@ def test_the_verifier_is_named_by_its_hub_id_or_name():
         got = portable(dataclasses.replace(spec, verifier_name_or_path="/abs/cache/dir"),
                        resolve(target, "math"))
         assert (got.verifier_name_or_path, got.target_name) == (verifier, name), target
-    from draftkit.target.load import target_dir
+    from draftkit.targets.load import target_dir
 
     local = target_dir("tiny-llama")  # a local HF dir as the target: named by its dir name
     got = portable(spec, resolve(str(local), "math"))

@@ -21,7 +21,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
 from draftkit.harvest import stage as hv
 from draftkit.init.stage import init_run
-from draftkit.target.capture import OnlineCapture, logits_from_last
+from draftkit.targets.capture import OnlineCapture, logits_from_last
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -118,7 +118,7 @@ def test_stage_without_run_config_is_a_clear_error(tmp_path, capsys):
 
 def test_hub_target_offline_says_what_to_download(monkeypatch, tmp_path):
     from draftkit.core.errors import TargetLoadError
-    from draftkit.target.load import target_dir
+    from draftkit.targets.load import target_dir
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
@@ -130,8 +130,8 @@ def test_hub_target_offline_says_what_to_download(monkeypatch, tmp_path):
 def test_smollm2_conversion_is_cached_and_matches_gguf_greedy(smollm2_target):
     import torch
 
-    from draftkit.target.gguf import load_gguf
-    from draftkit.target.load import target_dir
+    from draftkit.targets.gguf import load_gguf
+    from draftkit.targets.load import target_dir
 
     info = registry.resolve("smollm2-135m")
     path = target_dir(info)
@@ -158,7 +158,7 @@ def test_smollm2_conversion_is_cached_and_matches_gguf_greedy(smollm2_target):
 def test_interrupted_conversion_leaves_nothing_trusted(monkeypatch, tmp_path):
     from transformers import PreTrainedModel
 
-    from draftkit.target.load import target_dir
+    from draftkit.targets.load import target_dir
 
     monkeypatch.setenv("DRAFTKIT_HOME", str(tmp_path))
     info = registry.resolve("smollm2-135m")

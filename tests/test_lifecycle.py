@@ -144,7 +144,7 @@ def test_frozen_head_keeps_the_target_norm_and_rows_and_resumes_exactly(run):
     are the target's final norm and its lm_head rows of the draft vocab, bit for bit, after
     training; the rest trains, and an interrupted run resumes to the same weights."""
     from draftkit.drafts.eagle_family.target_tensors import read_target_tensors
-    from draftkit.target.load import run_target_dir
+    from draftkit.targets.load import run_target_dir
 
     frozen = ["draft.init_norm_from_target=true", "train.freeze_head=true",
               "train.max_steps=4", "train.save_every=2"]
@@ -174,7 +174,7 @@ def test_bench_misses_counts_what_the_acc_0_metric_counts(run):
     the model's own step-0 metric (n_0, correct_0 of the eval-mode forward) on every eval
     sequence."""
     from draftkit.drafts.eagle_family.model import Eagle3Draft
-    from draftkit.target.load import load_target
+    from draftkit.targets.load import load_target
     from draftkit.train.data import BatchBuilder, HarvestSource
 
     trained = copy_run(run, "life-misses")

@@ -1,4 +1,4 @@
-"""`random:<name>` targets (target/random_init.py): a registry target's shapes with seeded
+"""`random:<name>` targets (targets/random_init.py): a registry target's shapes with seeded
 random weights drawn on the device, through the registry, `draftkit init`, load_target and the
 stages; Qwen3-8B itself is built on the `meta` device (real shapes, no memory)."""
 
@@ -13,8 +13,8 @@ from _runs import one_thread
 from draftkit import api
 from draftkit.core import artifacts, config, registry
 from draftkit.core.registry import UnknownTargetError
-from draftkit.target import random_init
-from draftkit.target.load import load_target, target_dir
+from draftkit.targets import random_init
+from draftkit.targets.load import load_target, target_dir
 
 SAME = ("family", "architecture", "hidden_size", "num_attention_heads", "num_key_value_heads",
         "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings", "rope_theta",
@@ -87,7 +87,7 @@ def test_a_random_target_runs_the_stages_and_harvest_is_the_loaded_model(tmp_pat
     """init -> prepare -> harvest -> train on random:tiny-llama; the harvested states are the
     ones a later load_target computes: the same seeded weights in every process and load."""
     from draftkit.harvest.shards import open_harvest
-    from draftkit.target.capture import capture
+    from draftkit.targets.capture import capture
     from draftkit.train.data import HarvestSource
 
     with one_thread():

@@ -34,7 +34,7 @@ class PolicyAsDraft:
 
 
 def _pre_norm_last(policy_model, ids, attn):
-    from draftkit.target.capture import capture
+    from draftkit.targets.capture import capture
 
     n = policy_model.config.num_hidden_layers
     _, last = capture(policy_model, ids, [n], attention_mask=attn)

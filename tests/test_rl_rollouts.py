@@ -14,7 +14,7 @@ from draftkit.core import config
 from draftkit.core.errors import DraftkitError
 from draftkit.rl import policy as pol
 from draftkit.rl.rollouts import read_rollouts
-from draftkit.target import lineage
+from draftkit.targets import lineage
 
 
 def _write(path, rows):

@@ -46,7 +46,7 @@ def _initial_head(run, policy, answers: list[list[int]]):
     from draftkit.drafts.eagle_family.model import Eagle3Draft
     from draftkit.drafts.eagle_family.vocab import DraftVocab
     from draftkit.export.stage import export
-    from draftkit.target.tokens import end_of_turn_ids
+    from draftkit.targets.tokens import end_of_turn_ids
 
     cfg = config.load(run)
     counts = torch.zeros(cfg.target.vocab_size, dtype=torch.long)

@@ -123,7 +123,7 @@ def test_greedy_lossless_with_an_eagle3_head(tiny_target, prompts, reference, ea
 def test_eagle3_first_draft_matches_the_trainers_alignment(tiny_target, eagle3):
     """begin(x_0..x_{L-1}) must score what TTT step 0 scores at index L-2 (token x_{L-1} with
     feature h_{L-2}, position L-2), and extend() must not change the earlier rows."""
-    from draftkit.target.capture import capture
+    from draftkit.targets.capture import capture
 
     ids = torch.randint(3, 512, (9,), generator=torch.Generator().manual_seed(4))
     target = HFTarget(tiny_target.model, aux_layer_ids=AUX)

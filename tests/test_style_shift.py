@@ -44,7 +44,7 @@ def test_styled_answer_and_layout():
 def test_sft_rows_mask_the_prompt(tiny_target):
     from benchmarks.rl.grpo_loop import prompt_ids
     from draftkit.prepare import mathgen
-    from draftkit.target.tokens import end_of_turn_ids
+    from draftkit.targets.tokens import end_of_turn_ids
 
     tok = tiny_target.tokenizer
     probs = mathgen.generate("train", 3, seed=0)
@@ -76,7 +76,7 @@ def shifted(tmp_path_factory):
 
 def test_shift_moves_the_policy_into_the_layout(shifted):
     from draftkit.rl.policy import load_policy
-    from draftkit.target.lineage import same_lineage
+    from draftkit.targets.lineage import same_lineage
 
     policy = shifted["out"] / "policy"
     meta = artifacts.read_json(policy / "meta.json")
@@ -144,7 +144,7 @@ def test_scratch_run_has_v0_budget_and_exports(scratch_runs, shifted):
 
 
 def test_scratch_refuses_another_lineage(scratch_runs, tmp_path):
-    from draftkit.target.load import target_dir
+    from draftkit.targets.load import target_dir
 
     with pytest.raises(DraftkitError, match="not the lineage"):
         scratch.create(scratch_runs["v0"], target_dir("tiny-qwen3"), tmp_path / "other")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def qwen():
-    from draftkit.target.load import load_target
+    from draftkit.targets.load import load_target
 
     return load_target("tiny-qwen3", device="cpu", dtype="float32")
 

@@ -80,7 +80,7 @@ def test_sampled_speculation_follows_the_target():
     from transformers import AutoTokenizer
 
     from draftkit.serving import vllm_engine
-    from draftkit.target.load import target_dir
+    from draftkit.targets.load import target_dir
 
     model = target_dir("smollm2-135m")
     tok = AutoTokenizer.from_pretrained(model)

@@ -7,7 +7,7 @@ import torch
 
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle_family.vocab import DraftVocab, validate
-from draftkit.target.tokens import end_of_turn_ids
+from draftkit.targets.tokens import end_of_turn_ids
 
 
 def test_worked_example_from_the_docstring():

@@ -28,7 +28,7 @@ from draftkit.drafts.eagle_family.model import Eagle3Draft
 from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.export.stage import export
 from draftkit.init.stage import init_run
-from draftkit.target.load import load_target
+from draftkit.targets.load import load_target
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo root: where `-m benchmarks...` imports
 TARGET = "tiny-llama"

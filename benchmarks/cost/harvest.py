@@ -29,7 +29,7 @@ from draftkit.harvest import stage as hv
 from draftkit.init.stage import init_run
 from draftkit.prepare import mathgen
 from draftkit.serving import vllm_engine
-from draftkit.target.load import load_target, target_dir
+from draftkit.targets.load import load_target, target_dir
 
 TARGET = "smollm2-135m"
 

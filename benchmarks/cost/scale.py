@@ -1,6 +1,6 @@
 """What a draft costs at a target's real scale, side by side in one run, on a
 `random:<name>` target (the real architecture and shapes, seeded random weights drawn on the
-device: target/random_init.py). AL means nothing on random weights, so none is reported; cost
+device: targets/random_init.py). AL means nothing on random weights, so none is reported; cost
 does not depend on the weights' values.
 
 1. harvest: `draftkit harvest` (the stage) over N random-token sequences of length L, against a
@@ -44,7 +44,7 @@ from draftkit.harvest.shards import open_harvest
 from draftkit.init.stage import init_run
 from draftkit.rl import drift, finetune
 from draftkit.rl.rollouts import Rollout
-from draftkit.target.load import load_target, target_dir
+from draftkit.targets.load import load_target, target_dir
 from draftkit.train import stage
 from draftkit.train.data import BatchBuilder, HarvestSource, epoch_plan
 from draftkit.train.loop import autocast

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, record_function
 from benchmarks import report
 from draftkit.core import config, hardware
 from draftkit.core.config import open_run
-from draftkit.target.load import load_target
+from draftkit.targets.load import load_target
 from draftkit.train import stage
 from draftkit.train.data import BatchBuilder, HarvestSource, epoch_plan
 from draftkit.train.loop import autocast

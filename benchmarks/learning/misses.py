@@ -17,7 +17,7 @@ from draftkit.core import config, hardware
 from draftkit.core.artifacts import RunPaths
 from draftkit.drafts import acceptance
 from draftkit.drafts.eagle_family.model import Eagle3Draft
-from draftkit.target.load import load_target
+from draftkit.targets.load import load_target
 from draftkit.train.data import BatchBuilder, HarvestSource
 
 CLASSES = ("digit in prompt", "digit not in prompt", "in prompt", "earlier in answer", "new")

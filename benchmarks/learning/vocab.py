@@ -20,7 +20,7 @@ from draftkit.core.artifacts import RunPaths
 from draftkit.core.prepared_data import load_token_counts
 from draftkit.drafts.eagle_family.build import load_vocab
 from draftkit.prepare.stage import load_tokenizer
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 

@@ -46,7 +46,7 @@ from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
 from draftkit.serving import policy_sync, vllm_engine
 from draftkit.serving.drafter_swap import DraftSwapError
-from draftkit.target.load import target_dir
+from draftkit.targets.load import target_dir
 from draftkit.train.loop import Tracker
 
 DRAFTS = ("draft", "ngram", "suffix", "none")

@@ -48,7 +48,7 @@ from draftkit.prepare import mathgen
 from draftkit.rl.job import refresh
 from draftkit.rl.refresher import DraftRefresher
 from draftkit.serving import drafter_swap, policy_sync, vllm_engine
-from draftkit.target.load import target_dir
+from draftkit.targets.load import target_dir
 
 FREE = ("ngram", "suffix")  # vLLM's speculation without a trained draft
 

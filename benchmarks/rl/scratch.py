@@ -10,7 +10,7 @@ it writes is what `bench_refresh.py scratch_run=` takes.
 train and export sections copied from v0's resolved config), and the same number of optimizer
 steps (`train.max_steps` pinned to the steps v0's training took; `train.max_cpu_seconds` off so
 the step count, not the clock, decides). Only the target changes: it is the vN HF dir, which
-must be v0's target lineage (same shapes and tokenizer; target/lineage.same_lineage). The prompts go
+must be v0's target lineage (same shapes and tokenizer; targets/lineage.same_lineage). The prompts go
 into a local recipe in `<run>/v0-prompts/` (JSONL + recipe.yaml), so `prepare` reads them as it
 reads any data and regenerates every assistant turn with vN (`data.regenerate` forced on;
 `data.self_instruct` off: v0's self-instruct prompts are already among them). `train.init_from`
@@ -32,7 +32,7 @@ from draftkit.core import artifacts, config, provenance, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.core.prepared_data import SPLITS
 from draftkit.init.stage import fill_target
-from draftkit.target.lineage import same_lineage
+from draftkit.targets.lineage import same_lineage
 
 PROMPTS = "v0-prompts"
 

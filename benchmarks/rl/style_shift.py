@@ -49,8 +49,8 @@ from draftkit.core.errors import DraftkitError
 from draftkit.prepare import mathgen
 from draftkit.rl.policy import dir_digest
 from draftkit.serving import vllm_engine
-from draftkit.target.load import target_dir
-from draftkit.target.tokens import end_of_turn_ids
+from draftkit.targets.load import target_dir
+from draftkit.targets.tokens import end_of_turn_ids
 
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 # "12 * 25 = 300", "$3.50 + 2 = $5.50", "(4 - 1) * 6 = 18": operands and operators, '=', result

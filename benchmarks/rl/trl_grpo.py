@@ -96,7 +96,7 @@ def one(cfg: BenchConfig, variant: str, out: Path) -> dict:
 
     from benchmarks.rl import reward
     from draftkit.integrations.trl import DraftkitConfig, SpeculativeGRPOTrainer
-    from draftkit.target.load import run_target_dir
+    from draftkit.targets.load import run_target_dir
 
     run = Path(cfg.run)
     prompts, answers = problems(cfg.prompts * cfg.steps)

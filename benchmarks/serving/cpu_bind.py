@@ -28,7 +28,7 @@ from benchmarks import report
 from draftkit.core import config, engine_settings, hardware, provenance
 from draftkit.core.registry import resolve as resolve_target
 from draftkit.serving import vllm_engine
-from draftkit.target.load import target_dir
+from draftkit.targets.load import target_dir
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo root: where `-m benchmarks...` imports
 

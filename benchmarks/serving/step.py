@@ -33,8 +33,8 @@ from draftkit.export import stage as export_stage
 from draftkit.init.stage import init_run
 from draftkit.prepare.stage import load_tokenizer
 from draftkit.serving import vllm_engine
-from draftkit.target.load import run_target_dir
-from draftkit.target.tokens import end_of_turn_ids
+from draftkit.targets.load import run_target_dir
+from draftkit.targets.tokens import end_of_turn_ids
 
 DRAFTS = ("eagle3", "draft_model")  # methods with a draft model (profiled)
 EXPORT_METHOD = "eagle3"  # the vLLM method that serves --run's export here (an EAGLE-3 head)

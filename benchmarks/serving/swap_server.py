@@ -32,7 +32,7 @@ from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
 from draftkit.serving import rollout_client, serve
 from draftkit.serving.drafter_swap import SECRET_ENV
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 
 def _port() -> int:

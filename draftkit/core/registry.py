@@ -6,7 +6,7 @@ HF directories are not in the registry: `shapes_from_hf_config` reads their `con
 `tiny-llama` and `tiny-qwen3` are random models built in-process (no download) so tests and
 smoke runs take the same code path as the real targets. `random:<name>` is any registry
 target's architecture and shapes with seeded random weights built on the device at load
-(target/random_init.py); `random:<name>@layers=N` keeps its first N decoder layers.
+(targets/random_init.py); `random:<name>@layers=N` keeps its first N decoder layers.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def lookup(name: str) -> TargetInfo | None:
 
 def random_target(name: str) -> TargetInfo | None:
     """`random:<name>[@layers=N]`: the registry target <name> (any of its keys) with seeded random
-    weights, built on the device at load: no download (target/random_init.py). `@layers=N` keeps
+    weights, built on the device at load: no download (targets/random_init.py). `@layers=N` keeps
     its first N decoder layers for smoke runs (default: all; N >= 8 keeps the default aux ids
     [2, N//2, N-3] distinct). None if <name> is not in the registry.
 

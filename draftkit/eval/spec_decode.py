@@ -35,7 +35,7 @@ import torch
 
 from draftkit.core.errors import DraftkitError
 from draftkit.serving.counters import SpecCounters
-from draftkit.target.capture import capture, logits_from_last
+from draftkit.targets.capture import capture, logits_from_last
 
 # ----------------------------------------------------------------------------- the rule
 

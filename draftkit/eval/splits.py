@@ -20,7 +20,7 @@ from draftkit.core.prepared_data import load_prompts, load_split
 from draftkit.core.resources import recipes_dir
 from draftkit.prepare import chat_mask, mathgen, recipes
 from draftkit.prepare.stage import load_tokenizer
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 HANDWRITTEN = recipes_dir() / "eval" / "handwritten-math.jsonl"
 NAMES = ("unseen-templates", "seen-templates", "hand-written")

@@ -54,7 +54,7 @@ from draftkit.export.serving_file import apply_choice
 from draftkit.serving import vllm_engine
 from draftkit.serving.counters import SpecCounters
 from draftkit.serving.vllm_engine import EngineStartError
-from draftkit.target.load import load_target
+from draftkit.targets.load import load_target
 
 ENGINES = ("reference", "vllm", "both")
 START_CHECKS = (

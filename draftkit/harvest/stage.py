@@ -48,8 +48,8 @@ from draftkit.core.config import Run, RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.harvest import shards
 from draftkit.harvest.shards import HarvestError, HarvestSet, open_harvest  # noqa: F401 - public API
-from draftkit.target import capture as capture_mod
-from draftkit.target import load as target_load
+from draftkit.targets import capture as capture_mod
+from draftkit.targets import load as target_load
 
 SPLITS = ("train", "eval")
 

@@ -26,8 +26,8 @@ from draftkit.core.resources import configs_dir
 from draftkit.drafts import kind as kinds
 from draftkit.init import plan
 from draftkit.prepare.recipes import check_recipe
-from draftkit.target.capture import check_layer_ids
-from draftkit.target.load import target_dir
+from draftkit.targets.capture import check_layer_ids
+from draftkit.targets.load import target_dir
 
 
 def template_layers(kind: str, info: TargetInfo) -> list[Path]:

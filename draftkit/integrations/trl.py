@@ -61,7 +61,7 @@ from draftkit.rl.refresher import DraftRefresher
 from draftkit.serving import drafter_swap, policy_sync, vllm_engine
 from draftkit.serving.counters import SpecCounters
 from draftkit.serving.drafter_swap import DraftSwapError
-from draftkit.target.capture import check_layer_ids, decoder_layers
+from draftkit.targets.capture import check_layer_ids, decoder_layers
 
 TESTED_TRL = "1.16.0"  # the hooks below read TRL internals of this version
 FIX = "pip install 'draftkit[trl]'"
@@ -346,7 +346,7 @@ class SpeculativeRollouts:
 
 class TrainerTaps:
     """The draft's taps from TRL's own loss forward: while `trainer.compute_loss` runs, forward
-    hooks on the decoder layers of `layer_ids` (the aux-layer convention of target/capture.py,
+    hooks on the decoder layers of `layer_ids` (the aux-layer convention of targets/capture.py,
     the last decoder output added) keep their outputs; then each row's states (its prompt +
     completion positions, as TRL's masks say), detached and on the CPU, go into `taps` keyed by
     the row's token ids, which are the ids `DraftRefresher.observe` wrote. A row TRL masked

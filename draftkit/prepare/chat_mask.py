@@ -24,7 +24,7 @@ import numpy as np
 
 from draftkit.core.errors import DraftkitError
 from draftkit.prepare.sources import Dropped
-from draftkit.target.tokens import end_of_turn_tokens
+from draftkit.targets.tokens import end_of_turn_tokens
 
 
 @dataclass

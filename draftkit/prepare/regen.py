@@ -26,8 +26,8 @@ from draftkit.core.errors import DraftkitError
 from draftkit.prepare import chat_mask
 from draftkit.prepare.sources import Conversation, seed_for
 from draftkit.serving import vllm_engine
-from draftkit.target.load import load_target
-from draftkit.target.tokens import eos_ids
+from draftkit.targets.load import load_target
+from draftkit.targets.tokens import eos_ids
 
 ENGINES = ("vllm", "hf")
 

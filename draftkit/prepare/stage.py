@@ -31,7 +31,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.core.prepared_data import COUNTS_FILE, SPLITS
 from draftkit.prepare import chat_mask, recipes, regen, selfinstruct, sources, substitute
 from draftkit.prepare.sources import Conversation, Dropped
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 COLUMNS = ("id", "source", "messages", "prompt_ids", "input_ids", "loss_mask", "length")
 

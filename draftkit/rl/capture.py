@@ -49,7 +49,7 @@ from draftkit.harvest import shards
 from draftkit.rl import finetune
 from draftkit.rl.drift import pad_rows
 from draftkit.rl.rollouts import Rollout
-from draftkit.target.capture import decoder_layers
+from draftkit.targets.capture import decoder_layers
 from draftkit.train.data import BatchBuilder, HarvestSource, PlannedBatches
 
 MODES = ("online", "harvest")
@@ -111,7 +111,7 @@ class Taps:
     """Policy hidden states another forward computed over whole rollouts, detached, on the CPU.
 
     rows: a rollout's token ids (prompt + response, as read_rollouts builds them) -> {layer id:
-    [T, H]} in the aux-layer convention of target/capture.py (id k = the state entering decoder
+    [T, H]} in the aux-layer convention of targets/capture.py (id k = the state entering decoder
     layer k, id N = the last decoder output before the final norm). A row serves a refresh when
     it holds the draft's aux ids and N (`kind.aux_layer_ids(draft)`; None = N only)."""
 
@@ -121,7 +121,7 @@ class Taps:
 class TappedKind:
     """`kind` whose `features` reads the rows of a padded batch that `taps` covers and runs the
     policy only over the others (one forward of those rows; none when every row is covered).
-    Features as target/capture.capture gives them: "aux" = the aux ids' states concatenated,
+    Features as targets/capture.capture gives them: "aux" = the aux ids' states concatenated,
     "last" = id N, float32 on the policy's device, zeros past each row's length."""
 
     def __init__(self, kind, taps: Taps):

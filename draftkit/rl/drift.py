@@ -31,7 +31,7 @@ from draftkit.rl.policy import Policy, check_lineage, load_policy
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.rollouts import Rollout, read_rollouts, rollout_files
 from draftkit.serving.counters import SpecCounters
-from draftkit.target.capture import logits_from_last
+from draftkit.targets.capture import logits_from_last
 
 _CHUNK = 512  # policy logits are computed for this many positions at a time ([n, V] floats)
 

@@ -1,5 +1,5 @@
 """Policy checkpoints (a local HF dir, as NeMo-RL/verl/TRL save them, or an in-memory
-`transformers` model), checked against a run's target by the lineage rule (target/lineage.py:
+`transformers` model), checked against a run's target by the lineage rule (targets/lineage.py:
 the same architecture shapes and tokenizer; names never decide, every RL step writes a new
 directory).
 
@@ -24,14 +24,14 @@ import torch
 from draftkit.core import hardware
 from draftkit.core.artifacts import sha256_file
 from draftkit.core.errors import DraftkitError
-from draftkit.target.lineage import (
+from draftkit.targets.lineage import (
     run_tokenizer_digest,
     shape_mismatches,
     shapes_of,
     target_shapes,
     tokenizer_digest,
 )
-from draftkit.target.load import default_device
+from draftkit.targets.load import default_device
 
 SHARD = re.compile(r"-(\d+)-of-(\d+)\.safetensors$")  # model-00001-of-00004.safetensors
 INDEX = "model.safetensors.index.json"

@@ -43,7 +43,7 @@ from draftkit.rl.policy import from_model
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.rollouts import read_rollouts
 from draftkit.serving import drafter_swap
-from draftkit.target.load import run_target_dir, target_dir
+from draftkit.targets.load import run_target_dir, target_dir
 
 
 class DraftRefresher:

@@ -20,7 +20,7 @@ from draftkit.core import config, engine_settings, hardware
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.serving.counters import SpecCounters, target_steps, tokens_per_step
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 
 class EngineStartError(DraftkitError):

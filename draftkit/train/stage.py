@@ -34,9 +34,9 @@ from draftkit.core.prepared_data import load_split
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.acceptance import aggregate
 from draftkit.harvest.shards import open_harvest
-from draftkit.target.capture import OnlineCapture
-from draftkit.target.lineage import same_lineage
-from draftkit.target.load import load_target
+from draftkit.targets.capture import OnlineCapture
+from draftkit.targets.lineage import same_lineage
+from draftkit.targets.load import load_target
 from draftkit.train import loop
 from draftkit.train.data import (
     BatchBuilder,

@@ -44,7 +44,7 @@ from draftkit.drafts.eagle_family.layer import MLP, Attention, RMSNorm, apply_ro
 from draftkit.drafts.eagle_family.model import FamilyDraft
 from draftkit.drafts.eagle_family.target_tensors import module_tensors, read_target_tensors
 from draftkit.drafts.eagle_family.vocab import DraftVocab
-from draftkit.target.load import target_dir
+from draftkit.targets.load import target_dir
 
 _TRAIN = TrainConfig()
 

@@ -28,7 +28,7 @@ from draftkit.drafts.lm_family.export import (
     target_ref,
     write_files,
 )
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 
 def export_run(run) -> Path:

@@ -22,7 +22,7 @@ from draftkit.drafts.kind import register
 from draftkit.drafts.lm_family.export import write_files
 from draftkit.drafts.lm_family.kind_base import LMFamilyKind
 from draftkit.drafts.lm_family.model import DraftLM
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 
 class DraftLMKind(LMFamilyKind):

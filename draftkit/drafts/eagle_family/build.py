@@ -18,8 +18,8 @@ from draftkit.core.prepared_data import load_token_counts
 from draftkit.drafts.eagle_family import format as fmt
 from draftkit.drafts.eagle_family.model import Eagle3Draft
 from draftkit.drafts.eagle_family.vocab import DraftVocab
-from draftkit.target.lineage import same_lineage
-from draftkit.target.tokens import end_of_turn_ids
+from draftkit.targets.lineage import same_lineage
+from draftkit.targets.tokens import end_of_turn_ids
 
 
 def load_vocab(cfg, data_runs: list[RunPaths], tokenizer):

@@ -23,7 +23,7 @@ from draftkit.drafts.kind import (
     draft_sampling,
     fuse_projections,
 )
-from draftkit.target.capture import capture
+from draftkit.targets.capture import capture
 
 
 class EagleFamilyKind(KindDefaults):

@@ -53,7 +53,7 @@ from draftkit.drafts.eagle_family.layer import (
 )
 from draftkit.drafts.eagle_family.target_tensors import module_tensors, read_target_tensors
 from draftkit.drafts.eagle_family.vocab import DraftVocab
-from draftkit.target.load import run_target_dir, target_dir
+from draftkit.targets.load import run_target_dir, target_dir
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

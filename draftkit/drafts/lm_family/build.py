@@ -28,7 +28,7 @@ import torch
 from draftkit.core import artifacts, config, registry
 from draftkit.core.config import ConfigError
 from draftkit.core.errors import DraftkitError
-from draftkit.target.load import target_dir
+from draftkit.targets.load import target_dir
 
 INIT_MODES = ("sibling", "truncate", "scratch")
 

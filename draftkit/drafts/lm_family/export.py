@@ -16,7 +16,7 @@ import torch
 from draftkit.core import artifacts, registry
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.export_files import serving_snippets
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 
 def target_ref(cfg) -> str:

@@ -24,7 +24,7 @@ from draftkit.drafts.kind import (
 )
 from draftkit.drafts.lm_family.build import describe_init, load_lm, resolve_init
 from draftkit.drafts.lm_family.model import DraftLM
-from draftkit.target.capture import capture
+from draftkit.targets.capture import capture
 
 
 class LMFamilyKind(KindDefaults):

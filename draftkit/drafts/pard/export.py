@@ -17,7 +17,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.drafts.export_files import serving_snippets
 from draftkit.drafts.lm_family import export as lm_export
 from draftkit.drafts.lm_family.build import check_tokenizers, load_lm
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 
 def pard_speculative_config(cfg) -> dict:

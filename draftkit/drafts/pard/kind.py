@@ -24,7 +24,7 @@ from draftkit.drafts.pard.build import build_pard
 from draftkit.drafts.pard.drafter import PardDrafter
 from draftkit.drafts.pard.export import export_run, write_files
 from draftkit.drafts.pard.model import PardLM
-from draftkit.target.load import run_target_dir
+from draftkit.targets.load import run_target_dir
 
 
 class PardKind(LMFamilyKind):

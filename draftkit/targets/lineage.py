@@ -10,7 +10,7 @@ import hashlib
 import json
 
 from draftkit.core import registry
-from draftkit.target.load import target_dir
+from draftkit.targets.load import target_dir
 
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "vocab_size")

@@ -21,9 +21,9 @@ import torch
 from draftkit.core import hardware, registry
 from draftkit.core.errors import TargetLoadError
 from draftkit.core.registry import TargetInfo
-from draftkit.target import random_init
-from draftkit.target.gguf import convert_gguf
-from draftkit.target.tiny import build_tiny
+from draftkit.targets import random_init
+from draftkit.targets.gguf import convert_gguf
+from draftkit.targets.tiny import build_tiny
 
 
 @dataclass

