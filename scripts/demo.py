@@ -124,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summary = _summary(result)
     summary["timings_s"] = timings
-    summary["hardware"] = hardware.summary()
     artifacts.write_json_atomic(run / "demo-summary.json", summary)
     print("\n" + json.dumps(summary, indent=2))
     return 0
@@ -182,14 +181,16 @@ def demo_overrides(tier: str = "auto") -> list[str]:
 def _summary(report: dict) -> dict:
     """vLLM AL and speed (k=3; T=0 in `methods` / `other_splits`, T=1 in the `_t1` keys) per
     method (none, n-gram, suffix, the draft) and batch size of the eval report, side by side
-    (a method eval could not serve here says why), and the serving choice per batch range."""
+    (a method eval could not serve here says why), the serving choice per batch range, and the
+    commit and machine the eval ran on (as every results/ file records them)."""
     t1 = _methods(report, 1.0)
     return {**_methods(report, 0.0), "methods_t1": t1["methods"],
             "other_splits_t1": t1["other_splits"],
             "serving_choice": [{key: p[key] for key in ("batch_from", "batch_to", "method", "k")}
                                | {"speedup": {t: x["speedup"]
                                               for t, x in p["by_temperature"].items()}}
-                               for p in report.get("choice", {}).get("ranges", [])]}
+                               for p in report.get("choice", {}).get("ranges", [])],
+            "git_sha": report.get("git_sha"), "hardware": report.get("hardware")}
 
 
 def _methods(report: dict, temperature: float) -> dict:

@@ -54,7 +54,8 @@ def markdown(rep: dict) -> str:
     if "hardware" in rep:
         h = rep["hardware"]
         lines[-1:-1] = [f"Ran on: {h['device']}, CPU {h['cpu_model']} ({h['cpu_count']} cores; "
-                        f"flags {' '.join(h['cpu_flags'])})"]
+                        f"flags {' '.join(h['cpu_flags'])})"
+                        + (f", code {rep['git_sha'][:7]}" if rep.get("git_sha") else "")]
     if "vllm" in rep:
         lines += ["## vLLM", "",
                   "| method | k | T | batch | prompts | AL | tok/step | acceptance per position "

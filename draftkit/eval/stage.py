@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from draftkit.core import config, hardware
+from draftkit.core import config, hardware, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
@@ -161,7 +161,7 @@ def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> di
                    "vocab_size": cfg.target.vocab_size},
         "draft": {"kind": cfg.draft.kind, "dir": str(export_dir),
                   "sample_method": cfg.draft.draft_sample_method},
-        "hardware": hardware.summary(),
+        "hardware": hardware.summary(), "git_sha": provenance.git_sha(),
         "settings": {"engine": e.engine, "k_values": list(e.k_values),
                      "temperatures": list(e.temperatures), "batch_sizes": list(e.batch_sizes),
                      "prompts": len(prompts), "max_new_tokens": e.max_new_tokens,
