@@ -497,3 +497,45 @@ def test_readme_python_example_runs_offline_beside_make_demos_run(monkeypatch):
     assert cfg.data.source != "hub"
     demo_run = re.search(r"^RUN\s*\?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert cfg.name not in (demo_run, f"{demo_run}-dflash")
+
+
+# --- every module a page names exists ------------------------------------------------------
+
+MODULE_PATH = re.compile(r"(?<![\w/.])draftkit/[\w/]+\.py\b")
+DOTTED = re.compile(r"(?<![\w/.])draftkit(?:\.\w+)+")
+FILE_SUFFIXES = {"yaml", "ready", "done", "json", "jsonl", "md"}  # draftkit.yaml is a file
+
+
+def module_problems(page: Path, text: str, root: Path = ROOT) -> list[str]:
+    """Every `draftkit/x/y.py` path and every dotted `draftkit.x.y[.name]` a page names exists:
+    the module as a file (or package) under draftkit/, then at most the first name after it
+    defined (def, class or assignment) or imported in that module's source."""
+    problems = [f"{page.name}: {p} does not exist" for p in MODULE_PATH.findall(text)
+                if not (root / p).is_file()]
+    for name in DOTTED.findall(text):
+        parts = name.split(".")
+        if parts[-1] in FILE_SUFFIXES:
+            continue
+        here, i = root / "draftkit", 1
+        while i < len(parts) and ((here / parts[i]).is_dir() or (here / f"{parts[i]}.py").is_file()):
+            here, i = here / parts[i], i + 1
+        if i == len(parts):
+            continue
+        source = here / "__init__.py" if here.is_dir() else here.with_suffix(".py")
+        defined = rf"^\s*(?:def|class)\s+{parts[i]}\b|^{parts[i]}\s*[:=]|\bimport\b.*\b{parts[i]}\b"
+        if not source.is_file() or not re.search(defined, source.read_text(), re.M):
+            problems.append(f"{page.name}: {name}: no {'.'.join(parts[:i + 1])} in draftkit/")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_a_page_names_exists(page):
+    assert module_problems(page, page.read_text()) == []
+
+
+def test_the_module_check_catches_an_old_path():
+    page = ROOT / "docs" / "x.md"
+    good = "`draftkit.rl.rollout_servers.push`, `draftkit/serving/rollout_client.py`, draftkit.yaml"
+    assert module_problems(page, good) == []
+    bad = "`draftkit.rollout.swap_engine`, `draftkit.rl.rollout_servers.pull`, `draftkit/rl/rollout_client.py`"
+    assert len(module_problems(page, bad)) == 3
