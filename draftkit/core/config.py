@@ -179,12 +179,35 @@ class TrainConfig:
     # its train/best); its weights AND its draft vocab are the starting point (refresh jobs).
     # draft-lm: a trained draft LM's HF dir (the same places), instead of draft.init
     init_from: str = ""
-    # draft-lm only: loss = (1 - ce_weight) * KL(target || draft) over the full vocab
+    # the divergence every kind learns the target's distribution p by (drafts/divergence.py;
+    # refresh fine-tunes with it too): kl = forward KL(p || q), as EAGLE-3; tv = total
+    # variation 1/2 sum|p - q| = 1 - sum min(p, q), one minus the expected acceptance of a
+    # draft token at T=1 with probabilistic drafting; mix = (1 - loss_mix) * kl + loss_mix * tv
+    loss: str = "kl"
+    loss_mix: float = 0.5  # train.loss=mix only: the weight of tv, in [0, 1]
+    # draft-lm only: loss = (1 - ce_weight) * train.loss's divergence over the full vocab
     # + ce_weight * cross-entropy on the data's next token (hard labels)
     ce_weight: float = 0.0
     # more offline train data: other runs (same target and aux layer ids) whose harvest joins
     # this run's train shards and whose token counts join the draft vocab; eval stays this run's
     extra_runs: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        """The loss options (ConfigError naming the key and the choices)."""
+        check_loss(self.loss, self.loss_mix)
+
+
+LOSSES = ("kl", "tv", "mix")  # train.loss: what drafts/divergence.py computes for each
+
+
+def check_loss(name: str, mix: float) -> None:
+    """train.loss names a known divergence and train.loss_mix is a weight in [0, 1]."""
+    if name not in LOSSES:
+        raise ConfigError(f"train.loss={name!r} is not a known loss; choose one of "
+                          f"{', '.join(LOSSES)}")
+    if not 0.0 <= mix <= 1.0:
+        raise ConfigError(f"train.loss_mix={mix} must be in [0, 1] (the weight of tv in "
+                          "train.loss=mix)")
 
 
 @dataclass
@@ -445,6 +468,7 @@ def load(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     cfg = from_dict(data)
     if overrides:
         merge(cfg, parse_overrides(overrides))
+    cfg.train.check()
     cfg.refresh.check()
     return cfg
 

@@ -33,6 +33,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.core.prepared_data import load_split
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.acceptance import aggregate
+from draftkit.drafts.divergence import Divergence
 from draftkit.harvest.shards import open_harvest
 from draftkit.targets.capture import OnlineCapture
 from draftkit.targets.lineage import same_lineage
@@ -123,6 +124,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
     model = build_draft(cfg, data_runs, target).to(device=device, dtype=dtype)
+    model.divergence = Divergence.from_config(cfg.train)  # train.loss, every kind
     if cfg.train.feature_noise:
         model.feature_noise = cfg.train.feature_noise
     if cfg.train.freeze_head:
