@@ -7,7 +7,6 @@ Every verb after `init` takes a run dir and optional `key=value` config override
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
@@ -19,13 +18,14 @@ from draftkit.core.errors import DraftkitError
 from draftkit.step_projection import project_step
 from draftkit.step_projection import render as render_step
 
-# verb -> (module, function, help). Each function takes (run_dir, overrides=[...], **flags).
+# the lifecycle verbs that take a run dir and key=value overrides: verb -> help (each calls the
+# api.py function of its name, `eval` api.evaluate: `_stage`)
 STAGES = {
-    "prepare": ("draftkit.prepare.stage", "prepare", "template, regenerate with the target, mask, count"),
-    "harvest": ("draftkit.harvest.stage", "harvest", "capture the target's hidden states to shards"),
-    "train": ("draftkit.train.stage", "train", "train the run's draft, any kind (offline/online)"),
-    "export": ("draftkit.export.stage", "export", "write the vLLM/speculators draft dir (+ vLLM check)"),
-    "eval": ("draftkit.eval.stage", "evaluate", "measure AL and speedup (reference and/or vLLM)"),
+    "prepare": "template, regenerate with the target, mask, count",
+    "harvest": "capture the target's hidden states to shards",
+    "train": "train the run's draft, any kind (offline/online)",
+    "export": "write the vLLM/speculators draft dir (+ vLLM check; copies eval's serving pick)",
+    "eval": "measure AL and speedup (reference and/or vLLM); picks the method and k to serve",
 }
 
 
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("run", nargs="?", default=None, help="a run dir (default: config defaults)")
     q.add_argument("overrides", nargs="*", help="key=value config overrides")
 
-    for verb, (_m, _f, help_) in STAGES.items():
+    for verb, help_ in STAGES.items():
         q = sub.add_parser(verb, help=help_)
         q.add_argument("run", help="run dir (or its draftkit.yaml)")
         q.add_argument("overrides", nargs="*", help="key=value config overrides")
@@ -140,20 +140,25 @@ def _run_rl(args: argparse.Namespace) -> None:
             over.append("refresh.budget_steps=0")  # the time budget alone decides
         if args.budget_steps is not None:
             over.append("refresh.budget_s=0")
+    from draftkit import api  # on use: loads torch (fast start)
+
     if args.verb == "drift":
-        from draftkit.rl.drift import drift  # on use: loads torch (fast start)
-
-        drift(Path(args.run), Path(args.policy), args.rollouts, over)
+        api.drift(Path(args.run), Path(args.policy), args.rollouts, over)
     elif args.verb == "refresh":
-        from draftkit.rl.job import refresh  # on use: loads torch (fast start)
-
-        refresh(Path(args.run), Path(args.policy), args.rollouts, over,
-                policy_step=args.policy_step)
+        api.refresh(Path(args.run), Path(args.policy), args.rollouts, over,
+                    policy_step=args.policy_step)
     else:
-        from draftkit.rl.watch import watch  # on use: loads torch (fast start)
+        api.watch(Path(args.run), args.checkpoints, args.rollouts, over, args.every,
+                  args.al_drop, args.once, engines=args.engines)
 
-        watch(Path(args.run), args.checkpoints, args.rollouts, over, args.every, args.al_drop,
-              args.once, engines=args.engines)
+
+def _stage(args: argparse.Namespace) -> None:
+    """A lifecycle verb: its api.py function on the run dir, flags as config overrides."""
+    from draftkit import api  # on use: loads torch (fast start)
+
+    fn = {"prepare": api.prepare, "harvest": api.harvest, "train": api.train,
+          "export": api.export, "eval": api.evaluate}[args.verb]
+    fn(Path(args.run), overrides=[*args.overrides, *_flags_to_overrides(args)])
 
 
 def _flags_to_overrides(args: argparse.Namespace) -> list[str]:
@@ -178,17 +183,19 @@ def run(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     if args.verb == "init":
-        from draftkit.init.stage import init_run, next_steps  # on use: loads torch (fast start)
+        from draftkit import api  # on use: loads torch (fast start)
+        from draftkit.init.stage import next_steps  # on use, as api
 
-        run_dir = init_run(args.target, args.data, args.draft, args.k, args.name, args.dir,
+        run_dir = api.init(args.target, args.data, args.draft, args.k, args.name, args.dir,
                            args.force, args.overrides)
         print(next_steps(run_dir, config.load(run_dir)))
     elif args.verb == "config":
         print(config.dump(config.load(args.run, args.overrides)), end="")
     elif args.verb == "plan":
-        from draftkit.init.plan import plan_run, render  # on use: loads torch (fast start)
+        from draftkit import api  # on use: loads torch (fast start)
+        from draftkit.init.plan import render  # on use, as api
 
-        print(render(plan_run(Path(args.run), args.overrides)))
+        print(render(api.plan(Path(args.run), args.overrides)))
     elif args.verb == "targets":
         for info in map(registry.lookup, registry.names()):
             print(f"{info.name:24s} {info.hub_id or '(in-process)':40s} layers={info.num_hidden_layers}"
@@ -203,16 +210,14 @@ def run(argv: list[str] | None = None) -> int:
         print(render_step(project_step(args.generation_s, args.step_s, args.rollout_speedup,
                                   args.mode, args.other_delta_s)))
     elif args.verb == "swap":
-        from draftkit.rl.rollout_servers import swap  # on use: loads torch (fast start)
+        from draftkit import api  # on use: loads torch (fast start)
 
         urls = [u for u in args.urls if "=" not in u]  # `swap URL key=value`: an override
-        swap(urls, args.draft, [*(u for u in args.urls if "=" in u), *args.overrides])
+        api.swap(urls, args.draft, [*(u for u in args.urls if "=" in u), *args.overrides])
     elif args.verb in ("drift", "refresh", "watch"):
         _run_rl(args)
     else:
-        module, func, _ = STAGES[args.verb]
-        fn = getattr(importlib.import_module(module), func)
-        fn(Path(args.run), overrides=[*args.overrides, *_flags_to_overrides(args)])
+        _stage(args)
     return 0
 
 

@@ -159,7 +159,7 @@ def test_rollouts_and_scratch_draft_in_vllm(shifted, scratch_runs):
 
     from benchmarks.rl import refresh as bench
     from draftkit.rl import rollouts
-    from draftkit.serving import policy_sync, vllm_engine
+    from draftkit.serving import policy_sync, speculative, vllm_engine
 
     cfg, out = shifted["cfg"], shifted["out"]
     stats = style_shift.sample_rollouts(cfg, out)
@@ -174,7 +174,7 @@ def test_rollouts_and_scratch_draft_in_vllm(shifted, scratch_runs):
     bcfg = bench.BenchConfig(prompts=4, max_tokens=16, batch_size=4, temperatures=[0.0])
     spec = vllm_engine.EngineSpec(
         model=str(out / "policy"), dtype="float32", max_model_len=512,
-        speculative_config=vllm_engine.speculative_config("eagle3", 3, scratch_runs["vn"] / "export"),
+        speculative_config=speculative.method_config("eagle3", 3, scratch_runs["vn"] / "export"),
         extra=policy_sync.engine_kwargs())
     with vllm_engine.engine(spec) as llm:
         row = bench.measure(llm, bench.heldout_prompts(tok, 4, 0), bcfg)

@@ -193,7 +193,7 @@ class EvalConfig:
     k_values: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
     # rollouts run at T=1 in large batches: the serving choice must hold at each of these
-    # (export/choice.py); a batch needs as many eval prompts (eval.num_prompts)
+    # (eval/choice.py); a batch needs as many eval prompts (eval.num_prompts)
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 16, 32])
     num_prompts: int = 32  # eval prompts from the recipe's held-out split
     max_new_tokens: int = 256
@@ -210,7 +210,7 @@ class EvalConfig:
     # where the report eval-<run>-<time>.{json,md,png} goes: '' = the run's own eval/ dir;
     # a path (relative to the cwd) writes the files there, and the run's eval/ keeps json + md
     results_dir: str = ""
-    # the method and k to serve per batch size (export/choice.py -> <run>/eval/choice.json, then
+    # the method and k to serve per batch size (eval/choice.py -> <run>/eval/choice.json, then
     # the export's serving.json): within this fraction of the fastest, the simplest method wins
     choice_margin: float = 0.02
     # the temperature whose speed decides among the methods no slower than no speculation at
