@@ -279,6 +279,7 @@ class RefreshConfig:
     probe_max_tokens: int = 64
     min_probe_al: float = 1.2  # swap health check: engine AL on the probes must exceed this
     engine_timeout_s: float = 120.0  # rollout servers: seconds one HTTP call may take (swap, probes)
+    status_timeout_s: float = 5.0  # `draftkit status`: seconds each engine may take to answer
     poll_s: float = 10.0  # watch: seconds between scans of the checkpoint/rollout dirs
     # the gate: publish only with at least this many held-out draft starts (response positions
     # where a draft of k begins, as drift.estimate counts them); fewer = "undecided"
