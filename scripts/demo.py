@@ -36,7 +36,7 @@ from draftkit.core.errors import DraftkitError
 
 # Sized to finish in under 20 minutes on a 2-core CPU; bench_eagle3.py runs the longer training.
 DEMO_OVERRIDES = [
-    "data.source=offline",
+    "data.source=local",
     "data.max_samples=240",  # raised by BF16_OVERRIDES where bf16 is native
     "data.eval_samples=48",
     "data.self_instruct=60",

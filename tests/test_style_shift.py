@@ -19,7 +19,7 @@ from draftkit.core.errors import DraftkitError
 SHIFT = ["policy=tiny-llama", "examples=32", "steps=30", "batch_size=8", "lr=3e-3",
          "warmup_steps=5", "heldout=4", "measure_tokens=24", "rollout_prompts=3",
          "group_size=2", "max_tokens=24", "max_model_len=512"]
-V0 = ["data.source=offline", "data.max_samples=16", "data.eval_samples=4",
+V0 = ["data.source=local", "data.max_samples=16", "data.eval_samples=4",
       "data.regen_engine=hf", "data.regen_max_new_tokens=16", "data.regen_temperature=0.0",
       "draft.draft_vocab_size=256", "harvest.dtype=float32", "harvest.eval_sequences=4",
       "train.max_steps=3", "train.eval_every=3", "train.save_every=3", "train.batch_tokens=1024",

@@ -9,6 +9,7 @@ the target-dependent fields (aux ids, draft vocab, draft decoder shapes, optimiz
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -98,7 +99,9 @@ class DraftConfig:
 @dataclass
 class DataConfig:
     recipe: str = "math"  # data_recipes/<recipe>.yaml
-    source: str = "hub"  # hub = the recipe's HF datasets; offline = its shipped/generated sample
+    # hub = the recipe's HF datasets; local = its shipped/generated sample, no download
+    # (was `offline`, still read: RENAMED)
+    source: str = "hub"
     max_samples: int = 0  # 0 = the recipe's own limit
     eval_samples: int = 0  # 0 = the recipe's own held-out size
     seed: int = 0
@@ -137,7 +140,9 @@ class HarvestConfig:
 
 @dataclass
 class TrainConfig:
-    mode: str = "offline"  # offline = from harvest shards; online = target in the loop
+    # stored = from the harvest's stored shards; online = the target in the loop (no shards)
+    # (was `offline`, still read: RENAMED)
+    mode: str = "stored"
     ttt_steps: int = 3  # training-time-test unroll depth
     ttt_decay: float = 0.8  # loss weight of step i is decay**i
     # positions the draft learns to predict: assistant = assistant tokens only (loss_mask);
@@ -373,6 +378,25 @@ def _check_value(key: str, tp: Any, value: Any) -> Any:
     return value
 
 
+# Values renamed so that "offline" means one thing (no network: HF_HUB_OFFLINE): {key: {old:
+# new}}. The old value still works for one release and prints one deprecation line per process.
+RENAMED = {"data.source": {"offline": "local"}, "train.mode": {"offline": "stored"}}
+_warned: set[tuple[str, str]] = set()
+
+
+def renamed(key: str, value: Any) -> Any:
+    """`value` of config key `key` under its current name (RENAMED), with a deprecation line."""
+    new = RENAMED.get(key, {}).get(value) if isinstance(value, str) else None
+    if new is None:
+        return value
+    if (key, value) not in _warned:
+        _warned.add((key, value))
+        print(f"draftkit: {key}={value} is deprecated, use {key}={new} (the same meaning; "
+              f"'offline' now means only no network); the old name goes in the next release",
+              file=sys.stderr)
+    return new
+
+
 def merge(obj: Any, data: dict, prefix: str = "") -> Any:
     """Apply a nested dict onto dataclass `obj` in place, validating keys and types."""
     if not isinstance(data, dict):
@@ -387,7 +411,7 @@ def merge(obj: Any, data: dict, prefix: str = "") -> Any:
         if dataclasses.is_dataclass(current):
             merge(current, value, prefix=f"{full}.")
         else:
-            setattr(obj, key, _check_value(full, hints[key], value))
+            setattr(obj, key, _check_value(full, hints[key], renamed(full, value)))
     return obj
 
 
