@@ -25,7 +25,7 @@ from draftkit.step_projection import render as render_step
 STAGES = {
     "prepare": "template, regenerate with the target, mask, count",
     "harvest": "capture the target's hidden states to shards",
-    "train": "train the run's draft, any kind (offline/online)",
+    "train": "train the run's draft, any kind (train.mode stored | online)",
     "export": "write the vLLM/speculators draft dir (+ vLLM check; copies eval's serving pick)",
     "eval": "measure AL and speedup (reference and/or vLLM); picks the method and k to serve",
 }

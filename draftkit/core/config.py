@@ -169,7 +169,7 @@ class TrainConfig:
     # caches stop growing with the harvest (masks keep the padding out of the loss); 1 = off
     pad_multiple: int = 64
     grad_accum: int = 1
-    num_workers: int = 1  # offline: DataLoader processes reading shards ahead (0 = in-process)
+    num_workers: int = 1  # stored: DataLoader processes reading shards ahead (0 = in-process)
     lr: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
     warmup_ratio: float = 0.05
@@ -187,7 +187,7 @@ class TrainConfig:
     # draft-lm only: loss = (1 - ce_weight) * KL(target || draft) over the full vocab
     # + ce_weight * cross-entropy on the data's next token (hard labels)
     ce_weight: float = 0.0
-    # more offline train data: other runs (same target and aux layer ids) whose harvest joins
+    # more stored train data: other runs (same target and aux layer ids) whose harvest joins
     # this run's train shards and whose token counts join the draft vocab; eval stays this run's
     extra_runs: list[str] = field(default_factory=list)
 
