@@ -373,3 +373,25 @@ def test_served_answers_per_batch_and_temperature_and_serve_starts_on_it(tmp_pat
     assert "not T=1" in capsys.readouterr().err
     bare = tmp_path / "bare"  # a dir without speculative_config.json: the default kind's, k vLLM's
     assert speculative.served(bare).config == {"method": "eagle3", "model": str(bare)}
+
+
+def test_a_draft_whose_rows_are_labelled_apart_from_its_vllm_method_serves_its_own_config(
+        tmp_path):
+    """eval labels a P-EAGLE head's rows "peagle" (its kind's method); vLLM serves it as
+    "eagle3" with parallel drafting: serving.json's picks of those rows are the export's own
+    config at the picked k, not a method vLLM does not know."""
+    from draftkit.serving import speculative
+
+    out = fake_export(tmp_path)
+    own = {"method": "eagle3", "model": ".", "num_speculative_tokens": 3,
+           "parallel_drafting": True}
+    (out / "speculative_config.json").write_text(json.dumps(own))
+    run, _ = saved(tmp_path, out)
+    rows = [{**r, "method": "peagle"} if r["method"] == "eagle3" else r for r in ROWS]
+    c = choice.choose(rows, 0.02, 1.0)
+    c["measured"] = {**json.loads((run.paths.eval / choice.CHOICE_FILE).read_text())["measured"],
+                     "draft_kind": "peagle"}
+    serving = serving_file.apply_choice(run.cfg, out, c)
+    assert serving["ranges"][0]["method"] == "peagle"
+    assert serving["ranges"][0]["speculative_config"] == own
+    assert speculative.served(out, 1, 0.0).config == {**own, "model": str(out)}

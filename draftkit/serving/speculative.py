@@ -89,12 +89,14 @@ def export_config(export_dir: str | Path) -> dict:
     return {**sc, "model": str((export_dir / sc["model"]).resolve())}
 
 
-def pick_config(method: str, k: int, own: dict) -> dict | None:
-    """vLLM's speculative_config for a picked (method, k): the draft's own config `own` at k,
+def pick_config(method: str, k: int, own: dict, draft: str | None = None) -> dict | None:
+    """vLLM's speculative_config for a picked (method, k): the draft's own config `own` at k
+    (eval labels the draft's rows with its kind's method, `draft`, which is not always vLLM's:
+    a P-EAGLE head's rows say "peagle", vLLM serves it as "eagle3" with parallel drafting),
     n-gram or suffix decoding as eval measured them, None for no speculation."""
     if method == "none" or not k:
         return None
-    if method == own.get("method"):
+    if method in (own.get("method"), draft):
         return {**own, "num_speculative_tokens": k}
     if method in ("ngram", "suffix"):
         return method_config(method, k)
@@ -119,14 +121,16 @@ RANGES_NOTE = ("one method and k per engine, for a server at one batch size, dat
 def serving_json(own: dict, choice: dict) -> dict:
     """serving.json of an export whose own speculative_config.json is `own`, from eval's
     `choice` (eval/choice.py: ranges, dynamic, margin, temperature, unavailable, measured)."""
+    kind = (choice.get("measured") or {}).get("draft_kind")
+    draft = kinds.get(kind).method if kind in kinds.names() else None  # its rows' label
     ranges = [{**{key: p[key] for key in ("batch_from", "batch_to", "method", "k")},
-               "speculative_config": pick_config(p["method"], p["k"], own),
+               "speculative_config": pick_config(p["method"], p["k"], own, draft),
                **{key: p[key] for key in ("score", "decided_by", "by_temperature")}}
               for p in choice["ranges"]]
     dyn = choice.get("dynamic")
     schedule = None
     if dyn:
-        base = pick_config(dyn["method"], dyn["num_speculative_tokens"], own)
+        base = pick_config(dyn["method"], dyn["num_speculative_tokens"], own, draft)
         schedule = {"speculative_config": {**base, "num_speculative_tokens_per_batch_size":
                                            dyn["num_speculative_tokens_per_batch_size"]},
                     "note": SCHEDULE_NOTE}
