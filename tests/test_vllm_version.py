@@ -80,3 +80,12 @@ def test_the_extras_pin_the_tested_release_and_make_has_a_gpu_path():
     cpu = subprocess.run(["make", "-n", "setup", "VENV=/nonexistent/venv"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert '-e ".[cpu,dev,suffix,trl]"' in cpu.stdout and "[gpu" not in cpu.stdout
+
+
+def test_draftkit_env_says_whether_the_installed_vllm_is_the_tested_one(monkeypatch):
+    from draftkit import env_report
+
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    assert env_report._vllm()["tested"] == f"yes ({TESTED_VLLM})"
+    monkeypatch.setattr(env_report.provenance, "versions", lambda: {"vllm": "0.33.0"})
+    assert "vLLM 0.33.0 is installed" in env_report._vllm()["tested"]
