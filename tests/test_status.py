@@ -127,8 +127,11 @@ def test_status_without_a_secret_or_engines_or_versions_still_answers(tmp_path, 
     assert s["current"] == "export" and s["engines"] == {} and s["failed"] == []
     assert "run `draftkit export`" in s["lineage"][0]["missing"]
     assert "engines: none recorded" in render(s)
-    record(run, ["http://127.0.0.1:9"])
-    assert SECRET_ENV in status(run)["engines"]["http://127.0.0.1:9"]["live"]["error"]
+    record(run, ["http://127.0.0.1:9", "not-a-url"])
+    s = status(run)
+    assert SECRET_ENV in s["engines"]["http://127.0.0.1:9"]["live"]["error"]
+    monkeypatch.setenv(SECRET_ENV, "s")  # a recorded address urllib cannot use: its own line
+    assert "unknown url type" in status(run)["engines"]["not-a-url"]["live"]["error"]
 
 
 def test_cli_status_prints_text_and_json(run, capsys, monkeypatch):

@@ -88,6 +88,8 @@ def ask(url: str, timeout: float) -> dict:
         st = rollout_client.state(url, timeout)
     except DraftkitError as e:  # unreachable, timed out, no secret, no draftkit routes
         return {"error": str(e).splitlines()[0]}
+    except Exception as e:  # noqa: BLE001 - any other fault of one engine is its own line
+        return {"error": f"{type(e).__name__}: {e}"}
     txn = st.get("txn") or {}
     return {"version": st.get("weight_version"), "directory": st.get("drafter_path"),
             "transfer": st.get("transfer"), "txn": _pick(txn, ("id", "state", "verdict"))}
