@@ -155,3 +155,15 @@ def test_version_and_every_flag_has_help(capsys):
     for verb in verbs:  # and each verb's help prints
         with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit):
             p.parse_args([verb, "--help"])
+
+
+def test_a_broken_current_link_is_reported_not_raised(run):
+    from draftkit.rl.status import render, status
+
+    link = DraftStore(run).current_link
+    link.unlink()
+    link.symlink_to("v0009")  # no such version
+    s = status(run)
+    assert s["current"] == "export" and "v0009" in s["problem"]
+    assert "PROBLEM:" in render(s)
+

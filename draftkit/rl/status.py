@@ -35,9 +35,13 @@ def status(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     cfg = config.load(run_dir, overrides)
     store = DraftStore(run_dir)
     events = store.events()
-    current = store.current()
+    try:
+        current, problem = store.current(), None
+    except DraftkitError as e:  # drafts/current names no complete version: said, not raised
+        current, problem = None, str(e)
     return {"run": str(run_dir), "target": cfg.target.name, "draft_kind": cfg.draft.kind,
-            "current": current or "export", "lineage": lineage(store, current, events),
+            "current": current or "export", "problem": problem,
+            "lineage": lineage(store, current, events),
             "engines": engines(store, cfg.refresh.status_timeout_s),
             "last_refresh": _last(events, REFRESHES), "last_swap": _last(events, SWAPS),
             "failed": [{"version": v, **_pick(store.failure(v), ("reason", "time"))}
@@ -108,7 +112,7 @@ def _pick(d: dict, keys: tuple[str, ...]) -> dict:
 
 def render(s: dict) -> str:
     lines = [f"run {s['run']} (target {s['target']}, draft {s['draft_kind']})",
-             f"current: {s['current']}",
+             f"current: {s['current']}" + (f" (PROBLEM: {s['problem']})" if s["problem"] else ""),
              "lineage: " + " <- ".join(e["version"] for e in s["lineage"])]
     lines += [f"  {_version_line(e)}" for e in s["lineage"]]
     lines.append(f"engines ({len(s['engines'])} in drafts/{ENGINES}):" if s["engines"] else
