@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 def run(tmp_path, tiny_target):
     """A tiny-llama run with 4 eval prompts and a random EAGLE-3 head, exported."""
     run = make_run(tmp_path, name="tiny-eval", prompts=chat_prompts(tiny_target.tokenizer, 4),
-                   overrides=[*DRAFT, "data.source=offline"])
+                   overrides=[*DRAFT, "data.source=local"])
     save_best(run, random_draft(run, tiny_target.model))
     export.export(run, ["export.check=false"])
     return run

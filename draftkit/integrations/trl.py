@@ -52,15 +52,14 @@ import torch
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import aux_layer_ids
-from draftkit.export import choice
-from draftkit.export.serving_file import SERVING_FILE
-from draftkit.export.stage import load_speculative_config
 from draftkit.rl.capture import Taps
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import drafter_swap, policy_sync, vllm_engine
+from draftkit.serving import drafter_swap, policy_sync, speculative, vllm_engine
 from draftkit.serving.counters import SpecCounters
 from draftkit.serving.drafter_swap import DraftSwapError
+from draftkit.serving.speculative import SERVING_FILE, range_for
+from draftkit.serving.speculative import export_config as load_speculative_config
 from draftkit.targets.capture import check_layer_ids, decoder_layers
 
 TESTED_TRL = "1.16.0"  # the hooks below read TRL internals of this version
@@ -136,7 +135,7 @@ def serving_advice(draft_dir: str | Path, batch: int) -> str | None:
         return None
     serving = artifacts.read_json(path)
     own = load_speculative_config(draft_dir).get("method")
-    r = choice.range_for(serving.get("ranges", []), batch)
+    r = range_for(serving.get("ranges", []), batch)
     if r is None or r["method"] == own:
         return None
     ups = ", ".join(f"T={t}: {x['speedup']:.2f}x" for t, x in r["by_temperature"].items())
@@ -166,7 +165,7 @@ class SpeculativeRollouts:
             self.speculative = draft_speculative_config(self.draft_dir, cfg.k)
         else:
             self.draft_dir = None
-            self.speculative = vllm_engine.speculative_config(cfg.method, k, None)
+            self.speculative = speculative.method_config(cfg.method, k, None)
 
     # ---------------------------------------------------------------- the engine TRL builds
 

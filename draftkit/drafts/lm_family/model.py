@@ -3,7 +3,8 @@ generic loop (train/loop.py), distilled from the target's full-vocabulary distri
 
 The batch is the EAGLE-3 trainer's (train/stage.py): input_ids, loss_mask, attention_mask
 [B, T] and `last` [B, T, H_target], the target's last decoder output before its final norm,
-either read from harvest shards (offline) or computed by the target in the loop (online).
+either read from the stored harvest shards (train.mode=stored) or computed by the target in the
+loop (online).
 The target's logits are `lm_head(norm(last))` (targets/capture.py `logits_from_last`),
 computed here from frozen copies of the target's final norm and lm_head (`target_norm`,
 `target_lm_head`, never saved with the draft). Alignment needs no shift: the draft at
