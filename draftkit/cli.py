@@ -79,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_rl_verbs(sub)
 
+    q = sub.add_parser("diagnose", help="why the draft accepts what it does: causes ranked, "
+                                        "each with its figure and fix (Markdown, PNG, JSON)")
+    q.add_argument("run", help="run dir (or its draftkit.yaml)")
+    q.add_argument("--rollouts", nargs="+", default=None,
+                   help="JSONL files or dirs (default: the run's held-out split)")
+    q.add_argument("--policy", default=None, help="policy checkpoint that wrote the rollouts "
+                                                  "(default: the run's target)")
+    q.add_argument("overrides", nargs="*", help="key=value config overrides")
+
     q = sub.add_parser("swap", help="swap a draft into running rollout servers (vllm serve), "
                                     "checked and rolled back per engine")
     q.add_argument("urls", nargs="+", help="server URLs, e.g. http://10.0.0.5:8000")
@@ -207,6 +216,13 @@ def run(argv: list[str] | None = None) -> int:
 
         urls = [u for u in args.urls if "=" not in u]  # `swap URL key=value`: an override
         swap(urls, args.draft, [*(u for u in args.urls if "=" in u), *args.overrides])
+    elif args.verb == "diagnose":
+        from draftkit.eval.diagnose import diagnose  # on use: loads torch (fast start)
+
+        paths = args.rollouts or []  # `--rollouts a.jsonl key=value`: nargs takes the override
+        rollouts = [p for p in paths if "=" not in p or Path(p).exists()]
+        diagnose(Path(args.run), [*(p for p in paths if p not in rollouts), *args.overrides],
+                 rollouts=rollouts or None, policy=args.policy)
     elif args.verb in ("drift", "refresh", "watch"):
         _run_rl(args)
     else:
