@@ -138,3 +138,23 @@ def test_rollouts_of_another_tokenizer_are_refused(runs, tmp_path, tiny_target):
     with pytest.raises(DraftkitError, match="not written by this policy's tokenizer"):
         diagnose.check_likelihood({"mean_p_token": 1e-5, "mean_p_sample": 0.2,
                                    "ratio": 5e-5}, shifted)
+
+
+def test_eval_links_diagnose_where_acceptance_is_below_the_threshold(tmp_path):
+    from draftkit.eval.stage import diagnose_link
+
+    run = make_run(tmp_path, overrides=[*OVERRIDES, "eval.diagnose_below=1.5"])
+    cfg = config.load(run)
+
+    def rep(al_t1: float) -> dict:
+        return {"vllm": {"rows": [
+            {"method": "eagle3", "temperature": 0.0, "batch_size": 8, "acceptance_length": 1.9},
+            {"method": "eagle3", "temperature": 1.0, "batch_size": 8, "acceptance_length": al_t1},
+            {"method": "ngram", "temperature": 1.0, "batch_size": 8, "acceptance_length": 1.1},
+            {"method": "none", "temperature": 1.0, "batch_size": 8}]}}
+
+    link = diagnose_link(rep(1.42), cfg, run)
+    assert link["command"] == f"draftkit diagnose {run}"
+    assert "AL 1.42 at T=1, batch 8" in link["why"]
+    assert diagnose_link(rep(1.62), cfg, run) is None  # n-gram's low AL is not the draft's
+    assert diagnose_link(rep(1.42), config.load(run, ["eval.diagnose_below=0"]), run) is None
