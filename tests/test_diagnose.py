@@ -158,3 +158,20 @@ def test_eval_links_diagnose_where_acceptance_is_below_the_threshold(tmp_path):
     assert "AL 1.42 at T=1, batch 8" in link["why"]
     assert diagnose_link(rep(1.62), cfg, run) is None  # n-gram's low AL is not the draft's
     assert diagnose_link(rep(1.42), config.load(run, ["eval.diagnose_below=0"]), run) is None
+
+
+def test_a_stale_engine_config_is_the_first_cause(runs, tmp_path):
+    """The export's speculative_config.json drafting another k than the run's: a settings
+    mismatch, ranked above every measured cause."""
+    import shutil
+
+    from draftkit.core import artifacts
+
+    (by_name, rollouts) = runs
+    run = tmp_path / "stale"
+    shutil.copytree(by_name["full"], run)
+    spec = run / "export" / "speculative_config.json"
+    artifacts.write_json_atomic(spec, {**artifacts.read_json(spec), "num_speculative_tokens": 5})
+    rep = _diagnose(run, rollouts)
+    assert rep["causes"][0]["cause"] == "settings" and rep["causes"][0]["cost"] == 1.0
+    assert "k=5" in rep["causes"][0]["figure"]

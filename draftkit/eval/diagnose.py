@@ -302,8 +302,7 @@ def consistency(run, export_dir: Path, kind, draft, rows: list[Rollout], tok) ->
     out = {"aux_layer_ids": {"run": registry.aux_layer_ids(cfg) if kind.aux_layer_ids(draft)
                              is not None else None,
                              "export": kind.aux_layer_ids(draft)},
-           "k": {"run": cfg.draft.num_speculative_tokens, "trained": cfg.train.ttt_steps,
-                 "engine": served_k},
+           "k": {"run": cfg.draft.num_speculative_tokens, "engine": served_k},
            "method": {"kind": kind.method, "engine": engine.get("method")},
            "engine_config": str(spec_file) if engine else None}
     problems = []
@@ -314,10 +313,10 @@ def consistency(run, export_dir: Path, kind, draft, rows: list[Rollout], tok) ->
     if engine and engine.get("method") != kind.method:
         problems.append(f"the engine's config serves method {engine.get('method')!r}, the "
                         f"draft is {kind.method!r}: re-export (`draftkit export RUN`)")
-    if served_k is not None and served_k > cfg.train.ttt_steps:
-        problems.append(f"the engine drafts k={served_k}, the draft was trained for "
-                        f"{cfg.train.ttt_steps} steps: positions past it were never trained; "
-                        f"serve k={cfg.train.ttt_steps} or train with train.ttt_steps={served_k}")
+    if served_k is not None and served_k != cfg.draft.num_speculative_tokens:
+        problems.append(f"the engine drafts k={served_k}, the run's k is "
+                        f"{cfg.draft.num_speculative_tokens} (draft.num_speculative_tokens): "
+                        "re-export (`draftkit export RUN`) or set the run's k")
     out["problems"] = problems
     return out
 
