@@ -6,7 +6,7 @@
 Every figure comes from the draft's teacher-forced unroll over the rows (rl/drift.py's
 estimate: the policy's forward gives its distribution at each token, the draft drafts from
 each response index), in torch on the CPU or the run's device, no vLLM engine:
-  - per-position acceptance at T=0 and at the served temperature (eval.choice_temperature,
+  - per-position acceptance at T=0, T=1 and the served temperature (eval.choice_temperature,
     the rollouts' own `temperature` where they carry one), the first position per start;
   - the draft vocabulary: the share of the policy's sampled tokens (and of its argmax, and of
     its probability mass at the served temperature) outside the draft vocab (never accepted);
@@ -167,9 +167,9 @@ def _round_trips(ids: list[int], tok) -> bool:
 
 def measure(kind, draft, policy_model, rows: list[Rollout], k: int, served: float, cfg,
             tok) -> dict:
-    """Per-position acceptance (drift.estimate) at T=0 and `served`, and the first-position
+    """Per-position acceptance (drift.estimate) at T=0, T=1 and `served`, and the first-position
     figures: vocab coverage, token classes, templated rows."""
-    temps = sorted({0.0, served})
+    temps = sorted({0.0, 1.0, served})  # T=0, RL's T=1 and the served one
     sampling = cfg.draft.draft_sample_method
     est = drift.estimate(kind, draft, policy_model, rows, k, temps, sampling,
                          cfg.refresh.batch_tokens)

@@ -115,8 +115,9 @@ def _template(rep: dict) -> dict:
         cost = (held["a0"] - rep["first_position"]["a0"]) if held else share
     return _cause("chat template", cost,
                   f"{t['untemplated_rows']} of {t['rows']} rows' prompts lack the run's "
-                  f"generation prompt (first-position acceptance {t['a0_untemplated']} vs "
-                  f"{t['a0_templated']} on templated rows)",
+                  f"generation prompt (first-position acceptance at T=0 "
+                  f"{report_fmt(t['a0_untemplated'])} on them, "
+                  f"{report_fmt(t['a0_templated'])} on templated rows)",
                   "apply the target's chat template to the prompts as training did "
                   "(tokenizer.apply_chat_template(..., add_generation_prompt=True)), or train "
                   "on prompts formatted as the policy sees them")
@@ -147,6 +148,10 @@ def _depth(rep: dict) -> dict | None:
                   f"the steps that reach it (per position {_fmt(pos)})",
                   f"serve k={len(pos) - 1} (draft.num_speculative_tokens): the last draft "
                   "step costs more than it returns")
+
+
+def report_fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _fmt(xs: list[float]) -> str:
