@@ -137,7 +137,7 @@ def train_arm(data_run: Path, run: Path, overrides: list[str]) -> dict:
     if not (run / "export" / "config.json").is_file():
         api.export(run, overrides=overrides)
     return {"run": str(run), "overrides": overrides, "train_wall_s":
-            round(time.perf_counter() - t0, 1), **levers._curve(run)}
+            round(time.perf_counter() - t0, 1), **levers.curve(run)}
 
 
 def measure(cfg, runs: dict, prompts: dict, temps: list[float], batch: int) -> list[dict]:
