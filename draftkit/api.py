@@ -12,6 +12,7 @@ here shadows a module.
 from __future__ import annotations
 
 from draftkit.core.config import load as load_config
+from draftkit.eval.diagnose import diagnose
 from draftkit.eval.stage import evaluate
 from draftkit.export.stage import export
 from draftkit.harvest.stage import harvest
@@ -27,5 +28,6 @@ from draftkit.rl.watch import watch
 from draftkit.targets.load import load_target
 from draftkit.train.stage import train
 
-__all__ = ["DraftRefresher", "drift", "evaluate", "export", "harvest", "init", "load_config",
-           "load_target", "plan", "prepare", "refresh", "status", "swap", "train", "watch"]
+__all__ = ["DraftRefresher", "diagnose", "drift", "evaluate", "export", "harvest", "init",
+           "load_config", "load_target", "plan", "prepare", "refresh", "status", "swap", "train",
+           "watch"]

@@ -95,6 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds each engine may take to answer (refresh.status_timeout_s)")
     q.add_argument("overrides", nargs="*", help="key=value config overrides")
 
+    q = sub.add_parser("diagnose", help="why the draft accepts what it does: causes ranked, "
+                                        "each with its figure and fix (Markdown, PNG, JSON)")
+    q.add_argument("run", help="run dir (or its draftkit.yaml)")
+    q.add_argument("--rollouts", nargs="+", default=None,
+                   help="JSONL files or dirs (default: the run's held-out split)")
+    q.add_argument("--policy", default=None, help="policy checkpoint that wrote the rollouts "
+                                                  "(default: the run's target)")
+    q.add_argument("overrides", nargs="*", help="key=value config overrides")
+
     q = sub.add_parser("swap", help="swap a draft into running rollout servers (vllm serve), "
                                     "checked and rolled back per engine")
     q.add_argument("urls", nargs="+", help="server URLs, e.g. http://10.0.0.5:8000")
@@ -194,6 +203,11 @@ def _api_verb(args: argparse.Namespace) -> None:
                                    if args.timeout is not None else [])]
         s = api.status(Path(args.run), over)
         print(json.dumps(s, indent=2, default=str) if args.json else status.render(s))
+    elif args.verb == "diagnose":
+        paths = args.rollouts or []  # `--rollouts a.jsonl key=value`: nargs takes the override
+        rollouts = [p for p in paths if "=" not in p or Path(p).exists()]
+        api.diagnose(Path(args.run), [*(p for p in paths if p not in rollouts), *args.overrides],
+                     rollouts=rollouts or None, policy=args.policy)
     elif args.verb in ("drift", "refresh", "watch"):
         _run_rl(api, args)
     else:

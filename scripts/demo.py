@@ -1,20 +1,24 @@
 """The main job on the embedded target: init -> prepare -> harvest -> train -> export -> eval ->
-export, then vLLM's measured AL and speed for the trained EAGLE-3 draft, and for a DFlash draft
-trained from the same data and harvest (the sibling run <name>-dflash), next to vLLM n-gram's and
+export, then vLLM's measured AL and speed for the trained EAGLE-3 draft (with `--dflash`, also
+for a DFlash draft trained from the same data and harvest: the sibling run <name>-dflash), next to vLLM n-gram's and
 suffix decoding's (the methods that need no training) on the held-out eval split (k=3, T=0 and
 T=1, batch 1, 8 and 16), and on two more prompt splits at batch 16: new problems of the training
 templates (what RL sees) and hand-written ones (eval/splits.py). From those rows eval picks the
 serving choice (<run>/eval/choice.json), which the last export copies into the export
 (serving.json): per batch range the fastest method no slower than no speculation at either
-temperature (eval/choice.py); the DFlash rows are measured beside it
-(eval.compare_runs), not served by it. Export's own vLLM check is off here: eval serves the
-exports right after, in the same engines. The DFlash row costs its training (on the same
-harvest: no second prepare or harvest) and one more eval engine. Its trade: it trains half the
+temperature (eval/choice.py). The summary's first key, `tokens_per_target_step`, is the head's
+vLLM tokens per target step at T=0 and T=1 (RL's temperature) per batch, also printed as one
+line. Export's own vLLM check is off here: eval serves the exports right after. The DFlash row
+is off by default (in the demo's budget it accepted almost nothing:
+docs/draft-kinds.md#dflash); with `--dflash` it is measured beside the head
+(eval.compare_runs), not served by it, and costs its training (on the same harvest: no second
+prepare or harvest) and one more eval engine. Its trade: it trains half the
 head's epochs (DFLASH_EPOCHS_SHARE; a DFlash step costs ~1.8x a head step on the CPU, so its full
 epochs took 1147 s against the head's 640 s: docs/benchmarks.md#the-demo), and the batch-1 rows
 run on 4 prompts and 96 new tokens below (3 and 64 in the fp32 tier, FP32_OVERRIDES).
 
     make demo                       # = python scripts/demo.py --dir runs --name demo
+    python scripts/demo.py --name demo --dflash   # + the DFlash sibling beside the head
     python scripts/demo.py --name demo train.max_steps=100   # extra key=value overrides
     make demo TIER=full RUN=demo-full   # the measured recipe whose head passes n-gram (~1 h)
 
@@ -33,6 +37,7 @@ from pathlib import Path
 from draftkit import api
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts import kind as kinds
 
 # Sized to finish in under 20 minutes on a 2-core CPU; bench_eagle3.py runs the longer training.
 DEMO_OVERRIDES = [
@@ -97,8 +102,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="demo")
     p.add_argument("--tier", choices=TIERS, default="auto",
                    help="auto: sized to 20 minutes on this CPU; full: the recipe that passes n-gram")
+    p.add_argument("--dflash", action="store_true",
+                   help="also train the DFlash sibling and measure it beside the head (off by "
+                        "default: in the demo's budget it accepts almost nothing, "
+                        "docs/draft-kinds.md#dflash)")
     p.add_argument("--dflash-epochs-share", type=float, default=DFLASH_EPOCHS_SHARE,
-                   help="the DFlash sibling's epochs as a share of the head's (1.0: the same)")
+                   help="with --dflash: its epochs as a share of the head's (1.0: the same)")
     p.add_argument("overrides", nargs="*")
     return p
 
@@ -114,12 +123,14 @@ def main(argv: list[str] | None = None) -> int:
                           overrides=overrides)
         for stage in ("prepare", "harvest", "train", "export"):
             _stage(stage, run, overrides, timings)
-        sibling = dflash_run(run, overrides, args.dflash_epochs_share)
-        dflash = dflash_overrides(run, overrides, args.dflash_epochs_share)
-        for stage in ("harvest", "train", "export"):  # its harvest: the head's, verified
-            _stage(stage, sibling, dflash, timings, "dflash_")
-        result = _stage("evaluate", run, [*overrides, f"eval.compare_runs=[{sibling}]"],
-                        timings)
+        compared = []
+        if args.dflash:
+            sibling = dflash_run(run, overrides, args.dflash_epochs_share)
+            dflash = dflash_overrides(run, overrides, args.dflash_epochs_share)
+            for stage in ("harvest", "train", "export"):  # its harvest: the head's, verified
+                _stage(stage, sibling, dflash, timings, "dflash_")
+            compared = [f"eval.compare_runs=[{sibling}]"]
+        result = _stage("evaluate", run, [*overrides, *compared], timings)
         # eval's pick (<run>/eval/choice.json) into the export: serving.json + README section
         _stage("export", run, overrides, timings, "serving_")
     except DraftkitError as e:
@@ -129,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["timings_s"] = timings
     artifacts.write_json_atomic(run / "demo-summary.json", summary)
     print("\n" + json.dumps(summary, indent=2))
+    print(headline(summary["tokens_per_target_step"]))
     return 0
 
 
@@ -187,13 +199,36 @@ def _summary(report: dict) -> dict:
     (a method eval could not serve here says why), the serving choice per batch range, and the
     commit and machine the eval ran on (as every results/ file records them)."""
     t1 = _methods(report, 1.0)
-    return {**_methods(report, 0.0), "methods_t1": t1["methods"],
+    return {"tokens_per_target_step": tokens_per_step(report),
+            **_methods(report, 0.0), "methods_t1": t1["methods"],
             "other_splits_t1": t1["other_splits"],
             "serving_choice": [{key: p[key] for key in ("batch_from", "batch_to", "method", "k")}
                                | {"speedup": {t: x["speedup"]
                                               for t, x in p["by_temperature"].items()}}
                                for p in report.get("choice", {}).get("ranges", [])],
             "git_sha": report.get("git_sha"), "hardware": report.get("hardware")}
+
+
+def tokens_per_step(report: dict) -> dict:
+    """The run's own draft's vLLM tokens per target step on the held-out split, per
+    temperature and batch: the figure that carries over to a GPU (T=1 is what RL samples at;
+    above T=0 the draft drafts as draft.draft_sample_method says)."""
+    draft = report.get("draft", {})
+    method = kinds.get(draft["kind"]).method if draft.get("kind") else None
+    out: dict = {"method": method, "draft_sample_method": draft.get("sample_method")}
+    for r in report.get("vllm", {}).get("rows", []):
+        if r["method"] == method and r["k"] == 3 and r.get("tokens_per_step") is not None:
+            out.setdefault(f"T={r['temperature']:g}", {})[f"batch_{r['batch_size']}"] = \
+                round(r["tokens_per_step"], 3)
+    return out
+
+
+def headline(tps: dict) -> str:
+    """One line: the draft's tokens per target step at T=0 and T=1, every measured batch."""
+    cells = [f"{t} " + ", ".join(f"b{b.split('_')[1]} {v:.2f}" for b, v in by.items())
+             for t, by in tps.items() if t.startswith("T=")]
+    return (f"{tps['method']} tokens per target step (k=3, held-out, {tps['draft_sample_method']}"
+            f" drafting above T=0): " + ("; ".join(cells) or "not measured"))
 
 
 def _methods(report: dict, temperature: float) -> dict:

@@ -202,10 +202,10 @@ def run_setting(src: Path, run: Path, name: str, base: list[str]) -> dict:
             "harvest_s": round(harvest_meta["timings"]["seconds"], 1),
             "harvest_tokens": harvest_meta["timings"].get("computed_tokens"),
             **reused,
-            "train_wall_s": round(time.perf_counter() - t0, 1), **_curve(run)}
+            "train_wall_s": round(time.perf_counter() - t0, 1), **curve(run)}
 
 
-def _curve(run: Path) -> dict:
+def curve(run: Path) -> dict:
     """Simulated AL (k=3, eval split, assistant tokens) against training CPU-seconds."""
     hist = artifacts.read_json(run / "train" / "history.json")
     meta = artifacts.read_json(run / "train" / "meta.json")

@@ -248,6 +248,9 @@ class EvalConfig:
     # by the same engines' grid beside this run's draft, rows named by their kind's method;
     # reported only: the serving choice and serving.json stay this run's export's
     compare_runs: list[str] = field(default_factory=list)
+    # where the draft's AL (tokens per target step) falls below this in any measured row, the
+    # report links `draftkit diagnose RUN` (eval/diagnose.py: why, ranked, with fixes); 0 = never
+    diagnose_below: float = 1.5
 
 
 @dataclass

@@ -107,6 +107,7 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     if "vllm" in rep:  # the method and k to serve per batch size, from these rows
         rep["choice"] = choice.choose(candidates(rep["vllm"]["rows"], cfg), cfg.eval.choice_margin,
                                       cfg.eval.choice_temperature)
+    rep["diagnose"] = diagnose_link(rep, cfg, paths.root)
     report.write(rep, cfg, paths)
     if "choice" in rep:  # eval's decision, where `draftkit export` finds it
         rep["choice"] = choice.save(rep, cfg, paths.eval, export_dir)
@@ -114,7 +115,26 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     if "choice" in rep:
         print(f"eval: the method and k to serve are in {paths.eval / choice.CHOICE_FILE}; "
               f"`draftkit export {paths.root}` copies them into the export (serving.json)")
+    if rep["diagnose"]:
+        print(f"\n{rep['diagnose']['why']}: `{rep['diagnose']['command']}` says why")
     return rep
+
+
+def diagnose_link(rep: dict, cfg, run_dir: Path) -> dict | None:
+    """The `draftkit diagnose` command, where the draft's AL in some measured row is below
+    eval.diagnose_below (its rows: vLLM's of the run's own method, the reference decoder's)."""
+    method = kinds.of(cfg).method
+    rows = [r for r in rep.get("vllm", {}).get("rows", []) if r["method"] == method] + \
+        rep.get("reference", {}).get("rows", [])
+    low = [r for r in rows if r.get("acceptance_length") is not None
+           and r["acceptance_length"] < cfg.eval.diagnose_below]
+    if not low:
+        return None
+    worst = min(low, key=lambda r: r["acceptance_length"])
+    return {"command": f"draftkit diagnose {run_dir}", "threshold": cfg.eval.diagnose_below,
+            "why": f"AL {worst['acceptance_length']:.2f} at T={worst['temperature']:g}, batch "
+                   f"{worst['batch_size']} is below eval.diagnose_below="
+                   f"{cfg.eval.diagnose_below:g}"}
 
 
 # ----------------------------------------------------------------------------- inputs
