@@ -54,8 +54,10 @@ def test_demo_trains_the_dflash_sibling_only_with_the_flag(tmp_path, monkeypatch
     (tmp_path / "demo").mkdir()
     (tmp_path / "demo" / "draftkit.yaml").write_text("{}")  # init is skipped: the run exists
     assert demo.main(["--dir", str(tmp_path), "--name", "demo"]) == 0
-    assert [c[0] for c in calls] == ["prepare", "harvest", "train", "export", "evaluate"]
-    assert calls[-1][2] == []  # no compared run
+    # the last export copies eval's pick (<run>/eval/choice.json) into the export
+    assert [c[0] for c in calls] == ["prepare", "harvest", "train", "export", "evaluate",
+                                     "export"]
+    assert calls[-2][2] == []  # no compared run
     out = capsys.readouterr().out
     assert "eagle3 tokens per target step" in out and "T=1 b1 1.70, b8 1.62" in out
     saved = json.loads((tmp_path / "demo" / "demo-summary.json").read_text())
@@ -67,4 +69,5 @@ def test_demo_trains_the_dflash_sibling_only_with_the_flag(tmp_path, monkeypatch
     assert [(c[0], c[1]) for c in calls[5:8]] == [("harvest", "demo-dflash"),
                                                   ("train", "demo-dflash"),
                                                   ("export", "demo-dflash")]
-    assert calls[-1][0] == "evaluate" and "demo-dflash" in calls[-1][2][0]
+    assert calls[-2][0] == "evaluate" and "demo-dflash" in calls[-2][2][0]
+    assert calls[-1][:2] == ("export", "demo")

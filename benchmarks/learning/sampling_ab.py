@@ -32,7 +32,7 @@ from draftkit import api
 from draftkit.core import artifacts, config, hardware
 from draftkit.core.errors import DraftkitError
 from draftkit.eval import splits
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative
 
 REGEN_T1 = ["data.regen_temperature=1.0"]
 ARMS = {
@@ -144,7 +144,7 @@ def measure(cfg, runs: dict, prompts: dict, temps: list[float], batch: int) -> l
     """vLLM rows of every trained draft: one engine each, every split and temperature."""
     rows = []
     for (name, seed), r in runs.items():
-        spec = vllm_engine.speculative_config("eagle3", 3, Path(r["run"]) / "export", SAMPLE)
+        spec = speculative.method_config("eagle3", 3, Path(r["run"]) / "export", SAMPLE)
         rows += [{"arm": name, "seed": seed, **row}
                  for row in report.serve_splits(cfg, "eagle3", 3, spec, prompts, temps, batch)]
     return rows
