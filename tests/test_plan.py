@@ -99,7 +99,7 @@ def test_harvest_refuses_a_disk_too_small_and_names_the_fixes(tmp_path, tiny_tar
 
 def test_disk_full_mid_harvest_keeps_written_shards_and_resumes(tmp_path, tiny_target,
                                                                 monkeypatch):
-    run = make_run(tmp_path, tiny_target.tokenizer)
+    run = make_run(tmp_path, tiny_target.tokenizer, overrides=["harvest.writers=1"])
     orig, written = shards.write_shard, []
 
     def full_after_two(*args, **kwargs):

@@ -205,18 +205,21 @@ def bare_forward(model, opened, device, peak: Peak) -> dict:
     for job in hv.plan(opened):
         for rows in job.shards:
             seqs = [torch.tensor(x) for x in job.ds[rows]["input_ids"]]
-            for b in hv.plan_batches([len(s) for s in seqs], h.batch_tokens, h.padding):
-                x, mask = hv.pad_right([seqs[j] for j in b])  # [B, T]
-                batches.append((x.to(device), None if mask is None else mask.to(device)))
+            packing = job.header["packing"]
+            for b in hv.plan_batches([len(s) for s in seqs], h.batch_tokens, packing):
+                inputs = hv.forward_inputs([seqs[j] for j in b], packing)  # [B, T] each
+                batches.append({k: None if v is None else v.to(device)
+                                for k, v in inputs.items()})
     with torch.no_grad():
-        model(input_ids=batches[0][0], attention_mask=batches[0][1], use_cache=False)
+        model(**batches[0], use_cache=False)
         peak.reset()
         t0 = time.perf_counter()
-        for x, mask in batches:
-            model(input_ids=x, attention_mask=mask, use_cache=False)
+        for inputs in batches:
+            model(**inputs, use_cache=False)
         sync(device)
     seconds = time.perf_counter() - t0
-    tokens = sum(int(x.numel() if m is None else m.sum()) for x, m in batches)
+    tokens = sum(int(b["input_ids"].numel() if b["attention_mask"] is None else
+                     b["attention_mask"].sum()) for b in batches)
     return {"tokens": tokens, "seconds": seconds, "forwards": len(batches),
             "tokens_per_s": tokens / seconds, "peak_gib": peak.gib()}
 

@@ -250,7 +250,7 @@ def make(cfg: RunConfig, paths: artifacts.RunPaths, results_dirs: list[Path] | N
     samples = counts["train"] + counts["eval"]
     per = counts.get("per") or counts["tokens"] / max(samples, 1)
     bpt = bytes_per_token(len(cfg.draft.aux_layer_ids), cfg.target.hidden_size,
-                          cfg.harvest.dtype) + ID_BYTES
+                          cfg.harvest.dtype, cfg.harvest.storage_dtype) + ID_BYTES
     disk = counts["tokens"] * bpt
     free, _measured = artifacts.free_disk(paths.harvest)
     r, source = rates(cfg, per, results_dirs, hw)
