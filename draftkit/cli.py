@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "time per stage (estimates)")
     q.add_argument("run", help="run dir (or its draftkit.yaml)")
     q.add_argument("overrides", nargs="*", help="key=value config overrides")
+    q.add_argument("--hardware", default="", help="plan for a stored hardware profile (h200, "
+                   "h100, a measured CPU kind) instead of this machine")
 
     q = sub.add_parser("targets", help="list the registered targets")
 
@@ -188,7 +190,7 @@ def run(argv: list[str] | None = None) -> int:
     elif args.verb == "plan":
         from draftkit.init.plan import plan_run, render  # on use: loads torch (fast start)
 
-        print(render(plan_run(Path(args.run), args.overrides)))
+        print(render(plan_run(Path(args.run), args.overrides, hardware_name=args.hardware)))
     elif args.verb == "targets":
         for info in map(registry.lookup, registry.names()):
             print(f"{info.name:24s} {info.hub_id or '(in-process)':40s} layers={info.num_hidden_layers}"
