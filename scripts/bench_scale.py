@@ -6,6 +6,8 @@ scale_report.py). scripts/gpu_check.sh runs it by this path on a lent GPU machin
 
     python scripts/bench_scale.py                                   # random:tiny-llama, CPU, < 60 s
     python scripts/bench_scale.py --target random:Qwen3-8B --device cuda      # one GPU, ~3 min
+    python scripts/bench_scale.py --target random:Qwen3-8B --device cuda --lengths mixed \
+        --name bench_scale_cuda_mixed      # chat-like lengths: how harvest's packing batches them
     python scripts/bench_scale.py --target random:Qwen3-8B@layers=2 --seqs 8 --seq-len 512 \
         --name bench_scale_qwen3_8b_l2 draft.draft_vocab_size=4096 train.batch_tokens=2048
         # Qwen3-8B's widths on a CPU (hidden 4096, vocab 151,936; ~10 GiB, minutes): harvest

@@ -43,7 +43,7 @@ OUT=${1:-${OUT:-$PWD/gpu_check_out}}
 PY=${PY:-python3}
 DEVICE=${GPU_CHECK_DEVICE:-cuda}  # cpu: a dry run of this script on a machine without a GPU
 SITE=/tmp/draftkit-site
-BUDGET_S=${GPU_CHECK_BUDGET_S:-290}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-340}  # bench_scale (#55 columns) ~2 min of it
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
     WANDB_MODE=disabled TQDM_DISABLE=1 DRAFTKIT_HOME=/tmp/draftkit-home

@@ -12,7 +12,12 @@ does not depend on the weights' values.
    a refresh of refresh.budget_steps is projected from them;
 4. peak memory of each phase (CUDA max_memory_allocated, or the process's peak RSS);
 5. projections from the measured tokens/s: the `TIER=full` demo recipe (589k harvested tokens
-   x 5 epochs) and a SpecBundle-size run (1.4M samples x an assumed mean length) on this device.
+   x 5 epochs) and a SpecBundle-size run (1.4M samples x an assumed mean length) on this device;
+6. what the hardware allows (scale_hw.py, #55): harvest into a null sink beside harvest to disk,
+   the disk's own write rate, head training's MFU with its FLOPs per token written out, and on
+   a GPU the target's verify-cost curve (batch 1..256, 1..k+1 tokens per sequence) with the
+   projected rollout speedup it implies for a draft's tokens per target step (a projection).
+`--lengths mixed` draws chat-like sequence lengths instead of uniform rows.
 
 The report (projections, tables, plot) is scale_report.py's.
 """
@@ -258,7 +263,7 @@ def bare_forward(model, opened, device, peak: Peak) -> dict:
     lm_head, or its decoder (`model.model`, what harvest's capture runs)."""
     h = opened.cfg.harvest
     batches = []
-    for job in hv.plan(opened):
+    for job in hv.plan(opened, str(device)):  # the packing harvest ran with on this device
         for rows in job.shards:
             seqs = [torch.tensor(x) for x in job.ds[rows]["input_ids"]]
             packing = job.header["packing"]

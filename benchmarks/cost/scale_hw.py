@@ -67,7 +67,7 @@ def null_sink(model, opened, device: torch.device, sync) -> dict:
     todo = [(job, i) for job in jobs for i in range(len(job.shards))]
     capture = capture_mod.OnlineCapture(model, cfg.draft.aux_layer_ids)
     sizes = [sum(job.lengths[r] for r in job.shards[i]) for job, i in todo]
-    ring = hv.host_ring(cfg, device, max(sizes))
+    ring = hv.host_ring(cfg, device, max(sizes), len(todo))
 
     def nothing(directory, index, tensors, fingerprint) -> dict:
         return {"tokens": int(tensors["input_ids"].numel())}
@@ -107,8 +107,9 @@ def disk_rate(directory: Path, nbytes: int) -> dict:
 
 def verify_curve(model, device: torch.device, batches: list[int], k: int, context: int,
                  vocab: int, sync, reps: int = 3) -> dict:
-    """Seconds of one target forward of q new tokens per sequence (q = 1..k+1) against a KV cache
-    of `context` tokens, at each batch size; and each relative to q = 1 at that batch."""
+    """Seconds of one target forward (incl. lm_head, as a verify step) of q new tokens per
+    sequence (q = 1..k+1) against a KV cache of `context` tokens, at each batch size; and each
+    relative to q = 1 at that batch. The cache is cropped back to `context` before each."""
     from transformers import DynamicCache
 
     rows = []
@@ -117,7 +118,8 @@ def verify_curve(model, device: torch.device, batches: list[int], k: int, contex
             try:
                 cache = DynamicCache()
                 ctx = torch.randint(0, vocab, (b, context), device=device)  # [B, C]
-                model(input_ids=ctx, past_key_values=cache, use_cache=True)
+                # the decoder only: logits of B x C tokens over a 152k vocab would not fit
+                model.model(input_ids=ctx, past_key_values=cache, use_cache=True)
                 times = {}
                 for q in range(1, k + 2):
                     x = torch.randint(0, vocab, (b, q), device=device)  # [B, q]

