@@ -109,7 +109,7 @@ def verify_curve(model, device: torch.device, batches: list[int], k: int, contex
                  vocab: int, sync, reps: int = 3) -> dict:
     """Seconds of one target forward (incl. lm_head, as a verify step) of q new tokens per
     sequence (q = 1..k+1) against a KV cache of `context` tokens, at each batch size; and each
-    relative to q = 1 at that batch. The cache is cropped back to `context` before each."""
+    relative to q = 1 at that batch. The cache is cropped back to `context` after each."""
     from transformers import DynamicCache
 
     rows = []
@@ -125,12 +125,12 @@ def verify_curve(model, device: torch.device, batches: list[int], k: int, contex
                     x = torch.randint(0, vocab, (b, q), device=device)  # [B, q]
                     best = float("inf")
                     for _ in range(reps + 1):  # the first is a warm-up
-                        cache.crop(context)
                         sync(device)
                         t0 = time.perf_counter()
                         model(input_ids=x, past_key_values=cache, use_cache=True)
                         sync(device)
                         best = min(best, time.perf_counter() - t0)
+                        cache.crop(-q)  # back to the context's tokens
                     times[q] = best
                 rows.append({"batch": b, "seconds": times,
                              "relative": {q: t / times[1] for q, t in times.items()}})
