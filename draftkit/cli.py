@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "time per stage (estimates)")
     q.add_argument("run", help="run dir (or its draftkit.yaml)")
     q.add_argument("overrides", nargs="*", help="key=value config overrides")
+    q.add_argument("--hardware", default="", help="plan for a stored hardware profile (h200, "
+                   "h100, a measured CPU kind) instead of this machine")
 
     q = sub.add_parser("targets", help="list the registered targets")
 
@@ -190,7 +192,7 @@ def _api_verb(args: argparse.Namespace) -> None:
                            args.force, args.overrides)
         print(stage.next_steps(run_dir, config.load(run_dir)))
     elif args.verb == "plan":
-        print(plan.render(api.plan(Path(args.run), args.overrides)))
+        print(plan.render(api.plan(Path(args.run), args.overrides, hardware_name=args.hardware)))
     elif args.verb == "env":
         if args.run and "=" in args.run and not Path(args.run).exists():  # `env key=value`
             args.run, args.overrides = None, [args.run, *args.overrides]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# draftkit's lifecycle on a lent GPU machine (issue #33), in one call of about 5 minutes:
+# draftkit's lifecycle on a lent GPU machine (issue #33), in one call of about 3-6 minutes:
 # install the draftkit wheel beside the machine's own torch, run scripts/gpu_check.py on CUDA
 # (init, prepare, harvest, train x3, export, reference eval, drift, refresh on tiny-llama: a JSON
 # summary, vLLM checks skipped and said so), then scripts/bench_scale.py at random:Qwen3-8B scale
@@ -13,7 +13,9 @@
 #     DRAFTKIT_COMMIT=<git rev-parse HEAD, here> bash scripts/gpu_check.sh
 #
 # The wheel is built there from the working tree that travelled (so it is the code under test);
-# a carried .whl/draftkit-*.whl is the fallback if that build fails. Deps go in with --no-deps
+# a carried .whl/draftkit-*.whl is the fallback if that build fails. bench_scale_cuda.* then holds
+# #55's columns (null sink, disk rate, MFU, verify-cost curve + projection); after committing it
+# under results/gpu_check/<sha>/, rebuild the plan's profiles: python scripts/hardware_profiles.py Deps go in with --no-deps
 # --no-index into /tmp/draftkit-site (PYTHONPATH), and only those the machine does not have.
 set -uo pipefail
 
@@ -43,7 +45,7 @@ OUT=${1:-${OUT:-$PWD/gpu_check_out}}
 PY=${PY:-python3}
 DEVICE=${GPU_CHECK_DEVICE:-cuda}  # cpu: a dry run of this script on a machine without a GPU
 SITE=/tmp/draftkit-site
-BUDGET_S=${GPU_CHECK_BUDGET_S:-290}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-340}  # bench_scale (#55 columns) ~2 min of it
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
     WANDB_MODE=disabled TQDM_DISABLE=1 DRAFTKIT_HOME=/tmp/draftkit-home

@@ -24,7 +24,8 @@ def test_bench_scale_measures_each_phase_and_projects_from_it(tmp_path, monkeypa
     with one_thread():
         assert bench.main(["--out", str(tmp_path), "--seqs", "8", "--seq-len", "128",
                            "--train-steps", "2", "--refresh-steps", "2", "--warmup", "1",
-                           "--dir", str(tmp_path / "work")]) == 0
+                           "--verify-batches", "1,2", "--verify-context", "16",
+                           "--disk-mb", "4", "--dir", str(tmp_path / "work")]) == 0
     res = json.loads((tmp_path / "bench_scale.json").read_text())
     assert (tmp_path / "bench_scale.png").stat().st_size > 10_000
     assert res["target"] == "random:tiny-llama" and res["data"]["tokens"] == 8 * 128
@@ -45,10 +46,28 @@ def test_bench_scale_measures_each_phase_and_projects_from_it(tmp_path, monkeypa
     assert spec["tokens"] == 1_400_000 * 1024 and spec["online_h"] == pytest.approx(
         spec["tokens"] * (1 / b["tokens_per_s"] + 1 / t["tokens_per_s"]) / 3600)
     assert all(x["peak_gib"] > 0 for x in (h, b, t, r))
+    # what the hardware allows (#55): the null sink ran the same tokens, the disk was timed,
+    # MFU follows from the FLOPs written out, the verify curve is relative to q=1
+    ns = res["null_sink"]
+    assert ns["tokens"] == h["tokens"] and res["null_sink_vs_decoder"] == pytest.approx(
+        ns["tokens_per_s"] / dec["tokens_per_s"])
+    assert res["disk"]["bytes"] == 4 << 20 and res["disk"]["bytes_per_s"] > 0
+    f = res["train_flops"]
+    assert f["total"] == pytest.approx(3 * (f["terms"]["fc"] + 3 * (
+        f["terms"]["layer_per_ttt_step"] + f["terms"]["lm_head_per_ttt_step"]))
+        + f["terms"]["verifier_logits"])
+    assert res["mfu"]["vs_measured_matmul"] == pytest.approx(
+        f["total"] * t["tokens_per_s"] / res["matmul_peak"]["measured_flops"])
+    rows = res["verify"]["rows"]
+    assert [r["batch"] for r in rows] == [1, 2] and all(
+        r["relative"]["1"] == 1.0 and set(r["relative"]) == {"1", "2", "3", "4"} for r in rows)
+    assert res["projection"]["label"].startswith("PROJECTION")
     assert '"al"' not in json.dumps(res).lower()  # random weights: no acceptance reported
     md = (tmp_path / "bench_scale.md").read_text()
     assert hardware.detect().cpu_model in md and res["git_sha"][:10] in md
     assert "| EAGLE-3 head training, batch 8192 tokens |" in md
+    assert "null sink" in md and "GFLOP per token" in md and "PROJECTION" in md
+    assert "GB/s sequential write" in md
 
 
 def test_full_tier_figures_are_the_measured_recipes():

@@ -99,7 +99,7 @@ def test_harvest_refuses_a_disk_too_small_and_names_the_fixes(tmp_path, tiny_tar
 
 def test_disk_full_mid_harvest_keeps_written_shards_and_resumes(tmp_path, tiny_target,
                                                                 monkeypatch):
-    run = make_run(tmp_path, tiny_target.tokenizer)
+    run = make_run(tmp_path, tiny_target.tokenizer, overrides=["harvest.writers=1"])
     orig, written = shards.write_shard, []
 
     def full_after_two(*args, **kwargs):
@@ -125,3 +125,53 @@ def test_disk_full_mid_harvest_keeps_written_shards_and_resumes(tmp_path, tiny_t
     n_train = len(json.loads((hdir / "manifest.json").read_text())["shards"])
     assert [i for s, i in computed if s == "train"] == list(range(2, n_train))
     hv.open_harvest(hdir)  # complete and verified
+
+
+# ----------------------------------------------------------------------------- --hardware
+
+
+def test_plan_for_stored_hardware_offline(tmp_path, capsys, monkeypatch):
+    """`plan --hardware h200` on a machine without a GPU: the profile's rates over this run's
+    FLOPs, its memory, the runs it came from; an unknown name lists the known profiles."""
+    from draftkit.init import profiles
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    run = make_run(tmp_path, None, target="Qwen3-8B", overrides=["train.device=cuda"])
+    code, out, err = _cli(capsys, "plan", str(run), "--hardware", "h200")
+    assert code == 0, err
+    prof = profiles.get("h200")
+    assert "on cuda - an ESTIMATE" in out and "this cuda has 141.0 GB" in out
+    assert all(r["commit"] in out for r in prof["runs"]) and "hardware profile h200" in out
+    cfg = config.open_run(run).cfg
+    p = plan.plan_run(run, hardware_name="h200")
+    assert p.rates["train"] == pytest.approx(prof["train_flops_per_s"] / plan._train_flops(cfg))
+    assert p.rates["harvest"] == pytest.approx(p.rates["forward"] * prof["harvest_vs_forward"])
+    h100 = plan.plan_run(run, hardware_name="h100")
+    assert h100.memory_limit == 80e9 and not profiles.get("h100")["measured"]
+    code, _, err = _cli(capsys, "plan", str(run), "--hardware", "a100")
+    assert code == 2 and "'a100' is not a known hardware profile; known: " in err
+    assert all(name in err for name in profiles.load())
+    # the config's own device, absent here: one line, no traceback
+    code, out, err = _cli(capsys, "plan", str(run))
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: train.device=cuda, but this machine has no CUDA device")
+
+
+def test_stored_profiles_are_built_from_the_results(tmp_path):
+    """draftkit/_data/hardware_profiles.json == scripts/hardware_profiles.py over results/ (rerun
+    it after committing a bench_scale result); every profile names its runs and commits."""
+    from pathlib import Path
+
+    from draftkit.init import profiles
+
+    root = Path(__file__).resolve().parents[1]
+    built = profiles.build(root)
+    assert json.loads(profiles.STORED.read_text()) == json.loads(json.dumps(built))
+    assert {"h200", "h100"} <= set(built["profiles"])
+    assert any(p["device"] == "cpu" for p in built["profiles"].values())
+    for p in built["profiles"].values():
+        assert p["runs"] and all((root / r["file"]).is_file() and r["commit"] for r in p["runs"])
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"version": 99, "profiles": {}}))
+    with pytest.raises(plan.DraftkitError, match="version 99.*scripts/hardware_profiles.py"):
+        profiles.load(bad)

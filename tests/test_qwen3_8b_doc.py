@@ -44,6 +44,24 @@ def test_the_plan_commands_print_the_plan_the_page_shows(tmp_path, monkeypatch, 
     assert "  time " in outs[0] and "  speeds " in outs[0]
 
 
+def test_the_h200_plan_is_the_stored_profile_s(tmp_path, monkeypatch, capsys):
+    """The page's H200 lines are what `--hardware h200` prints from the stored profile, and the
+    commits it names are the profile's runs."""
+    from draftkit.init import profiles
+
+    monkeypatch.chdir(tmp_path)
+    run_cli(capsys, "draftkit init --target Qwen3-8B --data math")
+    commands = next(b for b in blocks("bash") if "--hardware h200" in b[0])
+    outs = [run_cli(capsys, line) for line in commands]
+    shown = next(b for b in blocks("text") if b[0].startswith("  memory      harvest 18"))
+    for line in shown:
+        assert line in outs[0].splitlines(), line
+    assert "16,416 B" in outs[1] and "16,416 B per token" in PAGE.read_text()
+    commits = [r["commit"] for r in profiles.get("h200")["runs"]]
+    text = " ".join(PAGE.read_text().split())
+    assert f"from the runs at commits {', '.join(commits[:-1])} and {commits[-1]}" in text
+
+
 def test_the_own_prompts_recipe_loads_and_inits(tmp_path, monkeypatch, capsys):
     recipe = next(b for b in blocks("yaml") if b[0] == "# my-prompts.yaml")
     (tmp_path / "my-prompts.yaml").write_text("\n".join(recipe) + "\n")

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 STREAM_OVERRIDES = ["draft.draft_vocab_size=256", "harvest.shard_tokens=16384", "harvest.batch_tokens=4096",
-             "harvest.padding=true", "train.epochs=1", "train.batch_tokens=4096",
+             "harvest.packing=pad", "train.epochs=1", "train.batch_tokens=4096",
              "train.eval_every=100000", "train.save_every=100000", "tracking.backend=none",
              "train.num_workers=1"]
 REFRESH_OVERRIDES = ["refresh.budget_steps=20", "refresh.gate=false", "refresh.batch_tokens=4096"]

@@ -97,7 +97,7 @@ def bare_forward(model, run: Path) -> dict:
             data = job.ds[rows]
             seqs = [torch.tensor(x) for x in data["input_ids"]]
             for b in hv.plan_batches([len(s) for s in seqs], cfg.harvest.batch_tokens,
-                                     cfg.harvest.padding):
+                                     hv.resolve_packing(cfg.harvest.packing, "cpu")):
                 batches.append(hv.pad_right([seqs[j] for j in b]))
     t0 = time.perf_counter()
     for x, mask in batches:

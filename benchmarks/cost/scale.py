@@ -12,7 +12,12 @@ does not depend on the weights' values.
    a refresh of refresh.budget_steps is projected from them;
 4. peak memory of each phase (CUDA max_memory_allocated, or the process's peak RSS);
 5. projections from the measured tokens/s: the `TIER=full` demo recipe (589k harvested tokens
-   x 5 epochs) and a SpecBundle-size run (1.4M samples x an assumed mean length) on this device.
+   x 5 epochs) and a SpecBundle-size run (1.4M samples x an assumed mean length) on this device;
+6. what the hardware allows (scale_hw.py, #55): harvest into a null sink beside harvest to disk,
+   the disk's own write rate, head training's MFU with its FLOPs per token written out, and on
+   a GPU the target's verify-cost curve (batch 1..256, 1..k+1 tokens per sequence) with the
+   projected rollout speedup it implies for a draft's tokens per target step (a projection).
+`--lengths mixed` draws chat-like sequence lengths instead of uniform rows.
 
 The report (projections, tables, plot) is scale_report.py's.
 """
@@ -34,6 +39,7 @@ from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
 from benchmarks import report
+from benchmarks.cost import scale_hw
 from benchmarks.cost.scale_report import markdown, plot, project
 from draftkit import api
 from draftkit.core import artifacts, config, hardware, provenance, registry
@@ -97,6 +103,7 @@ def measure(args, work: Path) -> dict:
     res["bare_decoder"] = bare_forward(target.model.model, config.open_run(run), device, peak)
     res["harvest_vs_decoder"] = res["harvest"]["tokens_per_s"] / res["bare_decoder"][
         "tokens_per_s"]
+    hardware_columns(res, args, cfg, run, target, device)
     head = build_head(cfg, run, target, device)
     res["head_trainable_params_m"] = sum(p.numel() for p in head.parameters()
                                          if p.requires_grad) / 1e6
@@ -104,8 +111,52 @@ def measure(args, work: Path) -> dict:
     del target
     free(device)
     res["train"] = train_head(cfg, head, run, device, args, peak)
+    res["mfu"] = mfu(res)
     res["projections"] = project(res, args.specbundle_tokens)
     return res
+
+
+def hardware_columns(res: dict, args, cfg, run: Path, target, device) -> None:
+    """What the device allows (scale_hw.py): harvest into a null sink, the disk's own write
+    rate, the head's FLOPs per token and the matmul peak, and on request (default on a GPU) the
+    verify-cost curve with its projected rollout speedup."""
+    opened = config.open_run(run)
+    res["null_sink"] = scale_hw.null_sink(target.model, opened, device, sync)
+    res["null_sink_vs_decoder"] = res["null_sink"]["tokens_per_s"] / res["bare_decoder"][
+        "tokens_per_s"]
+    disk = scale_hw.disk_rate(opened.paths.harvest.parent / "disk-rate", args.disk_mb << 20)
+    per_token = res["harvest"]["bytes_per_token"] + 16  # + input_ids, loss_mask
+    disk["needed_bytes_per_s"] = per_token * res["bare_decoder"]["tokens_per_s"]
+    res["disk"] = disk
+    res["train_flops"] = scale_hw.train_flops(target.model.config, cfg.draft.draft_vocab_size,
+                                              len(cfg.draft.aux_layer_ids), cfg.train.ttt_steps,
+                                              res["data"]["seq_len"])
+    res["matmul_peak"] = scale_hw.matmul_peak(
+        device, hardware.torch_dtype(cfg.train.dtype, device), res["hardware"].get(
+            "cuda_name", ""))
+    batches = [int(b) for b in args.verify_batches.split(",") if b] if args.verify_batches \
+        else ([2 ** i for i in range(9)] if device.type == "cuda" else [])
+    if batches:
+        k = cfg.draft.num_speculative_tokens
+        res["verify"] = scale_hw.verify_curve(target.model, device, batches, k,
+                                              args.verify_context, cfg.target.vocab_size - 64,
+                                              sync)
+        t = res["train_flops"]["terms"]  # one draft step ~ its forward FLOPs / the target's
+        rel = args.draft_step_rel or (t["fc"] + t["layer_per_ttt_step"] + t[
+            "lm_head_per_ttt_step"]) / (2 * res["target_params_b"] * 1e9)
+        res["projection"] = scale_hw.project(res["verify"], args.tokens_per_step, rel)
+    free(device)
+
+
+def mfu(res: dict) -> dict:
+    """Head training's achieved FLOP/s (FLOPs per token x tokens/s) against the measured matmul
+    peak and, where known, the spec sheet's dense bf16 figure."""
+    achieved = res["train_flops"]["total"] * res["train"]["tokens_per_s"]
+    peak = res["matmul_peak"]
+    out = {"achieved_flops": achieved, "vs_measured_matmul": achieved / peak["measured_flops"]}
+    if "spec_flops" in peak:
+        out["vs_spec"] = achieved / peak["spec_flops"]
+    return out
 
 
 def setup_run(args, work: Path):
@@ -117,31 +168,41 @@ def setup_run(args, work: Path):
         "tracking.backend=none", f"train.device={args.device}", "train.num_workers=0",
         *args.overrides])
     tok = AutoTokenizer.from_pretrained(target_dir(info))
-    write_data(run, len(tok), n, length)
+    write_data(run, len(tok), n, length, mixed=args.lengths == "mixed")
     return run, config.load(run)
 
 
-def write_data(run: Path, tokens: int, n: int, length: int, seed: int = 0) -> None:
+def write_data(run: Path, tokens: int, n: int, length: int, seed: int = 0,
+               mixed: bool = False) -> None:
     """n sequences of `length` random regular token ids (the last 64 ids, where tokenizers keep
-    their specials, left out); the first eighth is the prompt. Plus prepare's token counts."""
+    their specials, left out), or of chat-like mixed lengths up to `length`; the first eighth
+    is the prompt. Plus prepare's token counts."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, max(tokens - 64, 2), (n, length), generator=g)  # [N, L]
-    prompt = length // 8
-    mask = torch.zeros(n, length, dtype=torch.long)
-    mask[:, prompt:] = 1  # [N, L]
+    lens = [length] * n
+    if mixed:  # chat-like: log-normal around L/3, long tail cut at L (at least 16)
+        draw = torch.exp(torch.randn(n, generator=g) * 0.7) * length / 3
+        lens = draw.clamp(16, length).long().tolist()
+    prompt = [max(1, n_i // 8) for n_i in lens]
+    rows = [ids[i, :lens[i]].tolist() for i in range(n)]
+    masks = [[0] * p + [1] * (n_i - p) for p, n_i in zip(prompt, lens, strict=True)]
     data = artifacts.RunPaths(run).data
     datasets.Dataset.from_dict({
         "id": [f"scale-{i}" for i in range(n)], "messages": ["[]"] * n,
-        "prompt_ids": ids[:, :prompt].tolist(), "input_ids": ids.tolist(),
-        "loss_mask": mask.tolist(), "length": [length] * n,
+        "prompt_ids": [r[:p] for r, p in zip(rows, prompt, strict=True)], "input_ids": rows,
+        "loss_mask": masks, "length": lens,
     }).save_to_disk(str(data / "train"))
-    counts = torch.bincount(ids[mask.bool()], minlength=config.load(run).target.vocab_size)
+    kept = torch.tensor([t for r, m in zip(rows, masks, strict=True)
+                         for t, keep in zip(r, m, strict=True) if keep])
+    counts = torch.bincount(kept, minlength=config.load(run).target.vocab_size)
     save_file({"counts": counts}, str(data / COUNTS_FILE))
 
 
 def data_stats(run: Path) -> dict:
     ds = datasets.load_from_disk(str(artifacts.RunPaths(run).data / "train"))
-    return {"sequences": len(ds), "seq_len": ds[0]["length"], "tokens": sum(ds["length"])}
+    lengths = ds["length"]
+    return {"sequences": len(ds), "seq_len": round(sum(lengths) / len(ds)),
+            "min_len": min(lengths), "max_len": max(lengths), "tokens": sum(lengths)}
 
 
 class Peak:
@@ -202,21 +263,24 @@ def bare_forward(model, opened, device, peak: Peak) -> dict:
     lm_head, or its decoder (`model.model`, what harvest's capture runs)."""
     h = opened.cfg.harvest
     batches = []
-    for job in hv.plan(opened):
+    for job in hv.plan(opened, str(device)):  # the packing harvest ran with on this device
         for rows in job.shards:
             seqs = [torch.tensor(x) for x in job.ds[rows]["input_ids"]]
-            for b in hv.plan_batches([len(s) for s in seqs], h.batch_tokens, h.padding):
-                x, mask = hv.pad_right([seqs[j] for j in b])  # [B, T]
-                batches.append((x.to(device), None if mask is None else mask.to(device)))
+            packing = job.header["packing"]
+            for b in hv.plan_batches([len(s) for s in seqs], h.batch_tokens, packing):
+                inputs = hv.forward_inputs([seqs[j] for j in b], packing)  # [B, T] each
+                batches.append({k: None if v is None else v.to(device)
+                                for k, v in inputs.items()})
     with torch.no_grad():
-        model(input_ids=batches[0][0], attention_mask=batches[0][1], use_cache=False)
+        model(**batches[0], use_cache=False)
         peak.reset()
         t0 = time.perf_counter()
-        for x, mask in batches:
-            model(input_ids=x, attention_mask=mask, use_cache=False)
+        for inputs in batches:
+            model(**inputs, use_cache=False)
         sync(device)
     seconds = time.perf_counter() - t0
-    tokens = sum(int(x.numel() if m is None else m.sum()) for x, m in batches)
+    tokens = sum(int(b["input_ids"].numel() if b["attention_mask"] is None else
+                     b["attention_mask"].sum()) for b in batches)
     return {"tokens": tokens, "seconds": seconds, "forwards": len(batches),
             "tokens_per_s": tokens / seconds, "peak_gib": peak.gib()}
 

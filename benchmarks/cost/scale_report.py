@@ -57,6 +57,11 @@ def markdown(res: dict) -> str:
             *([("bare decoder forward, no lm_head (what harvest computes); harvest vs it",
                 res["bare_decoder"]["tokens_per_s"], f"harvest {res['harvest_vs_decoder']:.2f}x",
                 res["bare_decoder"]["peak_gib"])] if "bare_decoder" in res else []),
+            *([(f"harvest into a null sink (forward, capture, encode, copies, "
+                f"{res['null_sink']['writers']} writers storing nothing; "
+                f"{res['null_sink']['packing']})", res["null_sink"]["tokens_per_s"],
+                f"{res['null_sink_vs_decoder']:.2f}x the decoder", float("nan"))]
+              if "null_sink" in res else []),
             (f"EAGLE-3 head training, batch {t['batch_tokens']} tokens",
              t["tokens_per_s"], "", t["peak_gib"]),
             (f"refresh fine-tune, batch {r['batch_tokens']} tokens (target resident)",
@@ -76,7 +81,9 @@ def markdown(res: dict) -> str:
           + ("CUDA max_memory_allocated per phase." if res["device"].startswith("cuda") else
              "the process's peak RSS per phase (Python and torch included)."), "",
           "| what | tokens/s | vs bare forward | peak memory GiB |", "|---|---|---|---|"]
-    md += [f"| {n} | {tps:,.0f} | {ratio} | {gib:.2f} |" for n, tps, ratio, gib in rows]
+    md += [f"| {n} | {tps:,.0f} | {ratio} | {'' if gib != gib else f'{gib:.2f}'} |"
+           for n, tps, ratio, gib in rows]
+    md += hardware_lines(res)
     md += ["", f"Harvest stores {h['bytes_per_token']:,} bytes per token; its target load took "
            f"{h['load_s']:.1f} s. Head training: {t['steps']} timed steps of "
            f"{t['step_s']:.3f} s, batch shapes {t['batch_shapes']}"
@@ -102,6 +109,48 @@ def markdown(res: dict) -> str:
     md += ["", "Each further SpecBundle epoch adds its train hours (offline) or its online "
            "hours again.", ""]
     return "\n".join(md)
+
+
+def hardware_lines(res: dict) -> list[str]:
+    """The disk's own rate, MFU with its FLOP count, the verify-cost curve and the projection."""
+    out = []
+    if "disk" in res:
+        d = res["disk"]
+        out += ["", f"Disk: {d['bytes_per_s'] / 1e9:.2f} GB/s sequential write of "
+                f"{d['bytes'] >> 20} MiB through the shard writer (sha256 as written, then "
+                f"fsync {d['fsync_s']:.2f} s), in this run; harvest at the bare decoder's rate "
+                f"needs {d['needed_bytes_per_s'] / 1e9:.2f} GB/s."]
+    if "mfu" in res:
+        f, m, p = res["train_flops"], res["mfu"], res["matmul_peak"]
+        t = f["terms"]
+        out += ["", f"Head training MFU: {f['total'] / 1e9:.2f} GFLOP per token = {f['formula']}"
+                f" (fc {t['fc'] / 1e9:.3f}, layer {t['layer_per_ttt_step'] / 1e9:.3f} and "
+                f"lm_head {t['lm_head_per_ttt_step'] / 1e9:.3f} per TTT step, verifier logits "
+                f"{t['verifier_logits'] / 1e9:.3f} GFLOP); achieved "
+                f"{m['achieved_flops'] / 1e12:.1f} TFLOP/s = {m['vs_measured_matmul']:.1%} of "
+                f"this device's measured {p['dtype']} matmul "
+                f"({p['measured_flops'] / 1e12:.1f} TFLOP/s)"
+                + (f", {m['vs_spec']:.1%} of the spec sheet's dense bf16 "
+                   f"{p['spec_flops'] / 1e12:.0f}" if "vs_spec" in m else "") + "."]
+    if "verify" in res:
+        v, pr = res["verify"], res["projection"]
+        qs = list(range(1, v["k"] + 2))
+        out += ["", f"Verify cost of the target (forward of q new tokens per sequence against "
+                f"a {v['context']}-token KV cache, relative to q = 1 at the same batch), and "
+                f"the **{pr['label']}**: speedup = {pr['tokens_per_step']} tokens per target "
+                f"step / (verify of k+1 + k x {pr['draft_step_rel']:.3f} draft steps):", "",
+                "| batch | 1-token step ms | " + " | ".join(f"q={q}" for q in qs[1:])
+                + " | projected speedup |", "|---" * (len(qs) + 2) + "|"]
+        proj = {r["batch"]: r["projected_speedup"] for r in pr["rows"]}
+        for r in v["rows"]:
+            if r.get("oom"):
+                out.append(f"| {r['batch']} | out of memory |" + " |" * (len(qs) + 0))
+                continue
+            rel = r["relative"]
+            out.append(f"| {r['batch']} | {r['seconds'][1] * 1e3:.2f} | "
+                       + " | ".join(f"{rel[q]:.2f}" for q in qs[1:])
+                       + f" | {proj[r['batch']]:.2f}x |")
+    return out
 
 
 def plot(res: dict, path: Path) -> None:

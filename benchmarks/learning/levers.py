@@ -100,6 +100,10 @@ DATA_SETTINGS = {
 HARVEST_SETTINGS = {
     "aux-last": ["draft.aux_layer_ids=[2,15,29]"],  # high = the last layer's input
     "aux-upper": ["draft.aux_layer_ids=[15,22,29]"],  # the upper half only
+    # how the states are stored (#55; scripts/bench_fp8_storage.py): bf16, or e4m3 with
+    # per-token scales at about half the bytes; the same head trained from each
+    "storage-bf16": ["harvest.dtype=bfloat16"],
+    "storage-fp8": ["harvest.dtype=bfloat16", "harvest.storage_dtype=fp8"],
 }
 
 # Prepared from the source's own regenerated conversations (its data/.regen and .cache linked in:

@@ -126,11 +126,18 @@ class DataConfig:
 class HarvestConfig:
     shard_tokens: int = 16384  # tokens per safetensors shard
     batch_tokens: int = 8192  # tokens per target forward (packed by length)
-    dtype: str = "bfloat16"  # storage dtype of hidden states (no arithmetic runs in it)
-    # false: a forward batches only equal-length sequences, so stored states are bit-identical
-    # to each sequence's unpadded forward; true: pad length-sorted batches (faster on GPU,
-    # last-bit fp32 differences from the padded attention reductions).
-    padding: bool = False
+    dtype: str = "bfloat16"  # dtype of the stored hidden states, as readers get them back
+    # '' = stored in `dtype` as is; fp8 = e4m3 with a float32 scale per token and layer,
+    # quantised on the device: about half the bytes of bf16 (harvest/encode.py)
+    storage_dtype: str = ""
+    # how sequences of different lengths share a forward (harvest/stage.py):
+    # equal = only equal lengths share one, so stored states are bit-identical to each
+    #   sequence's own forward (on real chat data most forwards then hold one sequence);
+    # pad = length-sorted padded batches; varlen = sequences concatenated into rows of up to
+    #   batch_tokens, positions restarting per sequence, attention kept within each (no
+    #   padding); both within fp32 noise of `equal`; auto = varlen on CUDA, equal on the CPU
+    packing: str = "auto"
+    writers: int = 4  # writer threads (each holds one shard in host memory while it writes)
     eval_sequences: int = 256  # first N prepared eval sequences harvested into harvest/eval (0 = all)
     # where the shards go: '' = <run>/harvest; a path (relative to the cwd) on a larger disk.
     # Harvest refuses to start when the shards it still has to write exceed that disk's free

@@ -4,7 +4,9 @@ One harvest dir per split (train in `<run>/harvest`, eval in `<run>/harvest/eval
 
     shard-00000.safetensors     aux [T, A*H], last [T, H] (storage dtype), input_ids [T] int64,
                                 loss_mask [T] int64, seq_lens [S] int64, sample_idx [S] int64;
-                                whole sequences stored contiguously in dataset order
+                                whole sequences stored contiguously in dataset order; with
+                                harvest.storage_dtype=fp8 also aux_scale [T, A], last_scale
+                                [T, 1] (encode.py), and the manifest says format 2
     .progress/shard-00000.json  sidecar written (atomically) after its shard: sha256, counts and
                                 the fingerprint of the data + settings the shard was made from
     manifest.json               written last, by rank 0, once every shard is verified
@@ -13,17 +15,14 @@ Shard boundaries are a pure function of the sequence lengths and `harvest.shard_
 of the process count), so any number of processes writes the same bytes. A shard is first
 written to a temp name and renamed, so a partial shard never carries the final name; a shard
 counts as done only if its sidecar's fingerprint is the current one and its sha256 matches.
-`open_harvest` checks the manifest against what the caller expects (target, aux layer ids,
+Shards are written by writer.py (raw bytes, hashed as written, no fsync each); the manifest
+fsyncs them all once before it is written. `open_harvest` checks the manifest against what the caller expects (target, aux layer ids,
 data fingerprint) and the sha256 of every shard before any tensor is used.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
-import queue
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,11 +30,14 @@ import torch
 
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
+from draftkit.harvest import encode, writer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # plain float states; FP8 shards are format 2, so older builds refuse them
+FP8_FORMAT_VERSION = 2
+FORMATS = (FORMAT_VERSION, FP8_FORMAT_VERSION)
 MANIFEST = "manifest.json"
 PROGRESS = ".progress"
-STORE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+STORE_DTYPES = encode.FLOAT_DTYPES
 
 
 class HarvestError(DraftkitError):
@@ -47,15 +49,16 @@ def shard_name(index: int) -> str:
 
 
 def store_dtype(name: str) -> torch.dtype:
-    if name not in STORE_DTYPES:
-        raise DraftkitError(f"harvest.dtype={name!r} is not a storage dtype; choose one of "
-                            f"{', '.join(STORE_DTYPES)}")
-    return STORE_DTYPES[name]
+    return encode.float_dtype(name)
 
 
-def bytes_per_token(num_aux: int, hidden: int, dtype: str) -> int:
-    """Hidden-state bytes per stored token: (A aux + 1 last) * H * itemsize (ids not counted)."""
-    return (num_aux + 1) * hidden * store_dtype(dtype).itemsize
+def bytes_per_token(num_aux: int, hidden: int, dtype: str, storage: str = "") -> int:
+    """Hidden-state bytes per stored token (encode.py; ids not counted)."""
+    return encode.bytes_per_token(num_aux, hidden, dtype, storage)
+
+
+def format_version(storage: str) -> int:
+    return FP8_FORMAT_VERSION if storage == "fp8" else FORMAT_VERSION
 
 
 ID_BYTES = 16  # per stored token besides the states: input_ids + loss_mask, int64 each
@@ -116,68 +119,18 @@ def _sidecar(directory: Path, index: int) -> Path:
 
 def write_shard(directory: Path, index: int, tensors: dict[str, torch.Tensor],
                 data_fingerprint: str) -> dict:
-    """Write one shard atomically, then its sidecar; returns the manifest entry."""
-    from safetensors.torch import save
-
-    blob = save({k: v.contiguous() for k, v in tensors.items()},
-                # one key: safetensors writes a multi-key metadata map in hash order
-                metadata={"draftkit": json.dumps({"format": FORMAT_VERSION, "shard": index,
-                                                  "data_fingerprint": data_fingerprint})})
-    entry = {"file": shard_name(index), "sha256": hashlib.sha256(blob).hexdigest(),
+    """Write one shard atomically, hashed as it is written, then its sidecar; returns the
+    manifest entry. Neither is fsynced here (write_manifest does, once)."""
+    fmt = FP8_FORMAT_VERSION if "aux_scale" in tensors else FORMAT_VERSION
+    # one metadata key: safetensors readers see a plain string map
+    meta = {"draftkit": json.dumps({"format": fmt, "shard": index,
+                                    "data_fingerprint": data_fingerprint})}
+    sha = writer.write_safetensors(directory / shard_name(index), tensors, meta)
+    entry = {"file": shard_name(index), "sha256": sha,
              "tokens": int(tensors["input_ids"].numel()),
              "sequences": int(tensors["seq_lens"].numel())}
-    artifacts.write_bytes_atomic(directory / shard_name(index), blob)
-    artifacts.write_json_atomic(_sidecar(directory, index),
-                                {**entry, "data_fingerprint": data_fingerprint})
+    writer.write_json(_sidecar(directory, index), {**entry, "data_fingerprint": data_fingerprint})
     return entry
-
-
-class ShardWriter:
-    """Writes shards on a thread while the caller computes the next ones (`put` blocks while
-    `depth` shards wait, which bounds memory). The first error (a full disk included) stops the
-    writing; `put` and `close` raise it. Every shard written before it stays on disk, verified
-    by its sidecar, so a rerun resumes after it."""
-
-    def __init__(self, depth: int = 2):
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self.entries: list[dict] = []
-        self.error: BaseException | None = None
-        self.directory: Path | None = None  # of the last shard queued (for messages)
-        self._thread = threading.Thread(target=self._run, name="harvest-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if self.error is None:  # after an error: drain, so `put` never blocks forever
-                try:
-                    self.entries.append(write_shard(*item))
-                except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                    self.error = e
-
-    def _raise(self) -> None:
-        e = self.error
-        if e is None:
-            return
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise HarvestError(
-                f"the disk holding {self.directory} is full: {len(self.entries)} shard(s) of this "
-                f"process were written before and are kept. Free space, or {DISK_FIXES}; then "
-                "rerun `draftkit harvest RUN` to resume after them") from e
-        raise e
-
-    def put(self, directory: Path, index: int, tensors: dict[str, torch.Tensor],
-            data_fingerprint: str) -> None:
-        """Queue shard `index` of `directory` (the tensors must not change afterwards)."""
-        self._raise()
-        self.directory = directory
-        self._queue.put((directory, index, tensors, data_fingerprint))
-
-    def close(self) -> list[dict]:
-        """Wait for every queued shard; their manifest entries in write order."""
-        self._queue.put(None)
-        self._thread.join()
-        self._raise()
-        return self.entries
 
 
 def verified_entry(directory: Path, index: int, data_fingerprint: str) -> dict | None:
@@ -225,8 +178,11 @@ def clean_dir(directory: Path, num_shards: int, data_fingerprint: str) -> bool:
 
 
 def write_manifest(directory: Path, header: dict, entries: list[dict]) -> dict:
+    """fsync every shard and sidecar once, then write the manifest that promises them."""
+    writer.fsync_files([p for e in entries for p in (
+        directory / e["file"], _sidecar(directory, int(e["file"][6:11])))])
     manifest = {
-        "format": FORMAT_VERSION,
+        "format": format_version(header.get("storage_dtype", "")),
         **header,
         "shards": entries,
         "total_tokens": sum(e["tokens"] for e in entries),
@@ -254,7 +210,8 @@ class HarvestSet:
         self.manifest = manifest
         self.aux_layer_ids: list[int] = list(manifest["aux_layer_ids"])
         self.hidden_size: int = int(manifest["target"]["hidden_size"])
-        self.dtype: str = manifest["dtype"]
+        self.dtype: str = manifest["dtype"]  # what readers get back (fp8 is decoded to it)
+        self.storage: str = manifest.get("storage_dtype", "")
         self._verified: set[int] = set()
         self._handles: dict[int, object] = {}
         self._index: list[tuple[int, int, int]] = []  # sequence -> (shard, start, end)
@@ -330,12 +287,20 @@ class HarvestSet:
                 start += n
             self._sample_idx += sample_idx
 
+    def _read(self, f, start: int, end: int) -> dict[str, torch.Tensor]:
+        """Tokens [start, end) of an open shard: aux, last (in `dtype`), input_ids, loss_mask."""
+        out = {name: f.get_slice(name)[start:end] for name in ("input_ids", "loss_mask")}
+        for name in ("aux", "last"):
+            q = f.get_slice(name)[start:end]
+            scale = f.get_slice(f"{name}_scale")[start:end] if self.storage == "fp8" else None
+            out[name] = q if scale is None else encode.decode(q, scale,
+                                                              store_dtype(self.dtype))
+        return out
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        """Sequence i: aux [T, A*H], last [T, H] (storage dtype), input_ids [T], loss_mask [T]."""
+        """Sequence i: aux [T, A*H], last [T, H] (`dtype`), input_ids [T], loss_mask [T]."""
         shard, start, end = self._index[i]
-        f = self._handle(shard)
-        return {name: f.get_slice(name)[start:end]
-                for name in ("aux", "last", "input_ids", "loss_mask")}
+        return self._read(self._handle(shard), start, end)
 
     def gather(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         """Sequences `indices` (any order), each shard opened once and closed after: memory-mapped
@@ -350,8 +315,8 @@ class HarvestSet:
             with self._open(shard) as f:
                 for pos in positions:
                     _, start, end = self._index[indices[pos]]
-                    out[pos] = {name: f.get_slice(name)[start:end].clone()
-                                for name in ("aux", "last", "input_ids", "loss_mask")}
+                    out[pos] = {name: t.clone() if self.storage != "fp8" or name not in (
+                        "aux", "last") else t for name, t in self._read(f, start, end).items()}
         return out
 
     def __getstate__(self) -> dict:  # DataLoader workers: open shard handles stay behind
@@ -365,7 +330,12 @@ class HarvestSet:
     def shard(self, index: int) -> dict[str, torch.Tensor]:
         """All tensors of one shard (bulk reads: one call instead of one per sequence)."""
         f = self._handle(index)
-        return {name: f.get_tensor(name) for name in f.keys()}
+        out = {name: f.get_tensor(name) for name in f.keys()}
+        if self.storage == "fp8":  # decoded like every other read: the scales are not returned
+            for name in ("aux", "last"):
+                out[name] = encode.decode(out[name], out.pop(f"{name}_scale"),
+                                          store_dtype(self.dtype))
+        return out
 
 
 def _check_expectations(directory: Path, manifest: dict, target_name: str | None,
@@ -401,9 +371,16 @@ def open_harvest(harvest_dir: str | Path, target_name: str | None = None,
         manifest = artifacts.read_json(path)
     except ValueError as e:
         raise HarvestError(f"{path} is not valid JSON ({e}); {_FIX}") from e
-    if not manifest.get("complete") or manifest.get("format") != FORMAT_VERSION:
+    if not manifest.get("complete") or manifest.get("format") not in FORMATS:
         raise HarvestError(f"harvest at {directory} is incomplete or of another format "
-                           f"version (want {FORMAT_VERSION}); {_FIX}")
+                           f"version ({manifest.get('format')}; this draftkit reads "
+                           f"{', '.join(map(str, FORMATS))}): upgrade draftkit if a newer one "
+                           f"wrote it, else {_FIX}")
+    try:
+        encode.check_storage(manifest.get("storage_dtype", ""),
+                             f"harvest at {directory}: storage_dtype")
+    except DraftkitError as e:
+        raise HarvestError(str(e)) from None
     _check_expectations(directory, manifest, target_name, aux_layer_ids, data_fingerprint)
     hs = HarvestSet(directory, manifest)
     if not lazy:

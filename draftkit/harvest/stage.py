@@ -16,18 +16,26 @@ train split goes to `<run>/harvest`, the first `harvest.eval_sequences` eval seq
 `<run>/harvest/eval` (same format, see shards.py).
 
 Where this departs from SpecForge/speculators' offline hidden-state generation:
-- Exactness over padding: a padded batch runs the attention reductions over the padded key
-  length, which moves the last fp32 bits, so by default a forward batches only sequences of
-  equal length; every stored tensor then equals the sequence's own unpadded forward bit for
-  bit. `harvest.padding=true` packs length-sorted padded batches instead (for GPUs).
+- Exactness over padding on the CPU: a padded batch runs the attention reductions over the
+  padded key length, which moves the last fp32 bits, so `harvest.packing=equal` (auto's pick on
+  the CPU) batches only sequences of equal length, and every stored tensor equals the
+  sequence's own unpadded forward bit for bit. On CUDA auto picks `pad` (length-sorted padded
+  batches); `varlen` packs sequences back to back in one row with restarting positions (no
+  padding; the block-diagonal mask costs attention over the whole row). Both agree with
+  `equal` within fp32 noise (tests/test_harvest_io.py).
 - Batches are planned per shard and shards go to ranks round-robin (shard j -> rank j % P), so
   one process or P processes write byte-identical shards and manifest.
 - Changed data or settings (a different fingerprint of the prepared rows + target + layer ids +
-  dtype + shard/batch sizes) trigger a clean redo, announced on stderr: the old manifest is
-  removed first, so no reader ever sees a mix. Resume keeps every shard whose sidecar has the
-  current fingerprint and whose sha256 still matches; the rest are recomputed.
-- A writer thread serializes, hashes and writes shard i while the target computes shard i+1.
-  Harvest refuses to start when the shards still to write exceed the free disk (`check_disk`;
+  dtype + shard/batch sizes + packing) trigger a clean redo, announced on stderr: the old
+  manifest is removed first, so no reader ever sees a mix. Resume keeps every shard whose
+  sidecar has the current fingerprint and whose sha256 still matches; the rest are recomputed.
+- The GPU never waits for the disk (as speculators' capture): per batch, the encode to the
+  storage dtype (bf16, or fp8 with per-token scales: encode.py) and the finite check run on the
+  device, then non-blocking copies on a side stream fill a pinned host ring slot (staging.py);
+  a pool of writer threads waits on the slot's event, writes header + raw bytes and hashes them
+  as written (writer.py). One fsync pass over every shard precedes the manifest; the run does
+  not hash its own shards again, while a resumed run re-hashes those it did not write.
+- Harvest refuses to start when the shards still to write exceed the free disk (`check_disk`;
   `draftkit plan RUN` shows the bytes), and a disk that fills anyway keeps every shard written
   before it: the rerun resumes after them.
 """
@@ -43,27 +51,16 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, batching, config, hardware, prepared_data, provenance
+from draftkit.core import artifacts, config, hardware, prepared_data, provenance
 from draftkit.core.config import Run, RunConfig
 from draftkit.core.errors import DraftkitError
-from draftkit.harvest import shards
+from draftkit.harvest import encode, shards, staging, writer
+from draftkit.harvest.packing import forward_inputs, pad_right, plan_batches, resolve_packing  # noqa: F401
 from draftkit.harvest.shards import HarvestError, HarvestSet, open_harvest  # noqa: F401 - public API
 from draftkit.targets import capture as capture_mod
 from draftkit.targets import load as target_load
 
 SPLITS = ("train", "eval")
-
-
-def plan_batches(lengths: list[int], batch_tokens: int, padding: bool) -> list[list[int]]:
-    """Forwards of <= batch_tokens tokens; without `padding` only equal lengths share one
-    (core/batching.py: lengths [4, 3, 4, 3, 5], batch_tokens 8 -> [[1, 3], [0, 2], [4]])."""
-    return batching.plan_batches(lengths, batch_tokens, equal_lengths=not padding)
-
-
-def pad_right(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[B, T_max] input ids (right-padded with 0) and attention mask; mask None if no padding."""
-    x, mask = batching.pad_right(seqs, torch.long)  # [B, T], [B, T]
-    return x, (None if bool(mask.all()) else mask)
 
 
 # ----------------------------------------------------------------------------- planning
@@ -83,6 +80,7 @@ class SplitJob:
 def _header(cfg: RunConfig, split: str, device: str) -> dict:
     t, h = cfg.target, cfg.harvest
     shards.store_dtype(h.dtype)
+    encode.check_storage(h.storage_dtype)
     compute = hardware.resolve(t.dtype, device, key="target.dtype")
     return {
         "split": split,
@@ -91,12 +89,13 @@ def _header(cfg: RunConfig, split: str, device: str) -> dict:
                    "vocab_size": t.vocab_size},
         "aux_layer_ids": list(cfg.draft.aux_layer_ids),
         "dtype": h.dtype,
+        **({"storage_dtype": h.storage_dtype} if h.storage_dtype else {}),
         "compute_dtype": compute,
         "shard_tokens": h.shard_tokens,
         "batch_tokens": h.batch_tokens,
-        "padding": h.padding,
+        "packing": resolve_packing(h.packing, device),
         "bytes_per_token": shards.bytes_per_token(len(cfg.draft.aux_layer_ids), t.hidden_size,
-                                                  h.dtype),
+                                                  h.dtype, h.storage_dtype),
     }
 
 
@@ -183,46 +182,99 @@ def _check(feats: dict, x: torch.Tensor, width: int, hidden: int, job: SplitJob,
             "run config's target shapes; rerun `draftkit init` for this target")
 
 
+class Staged:
+    """A shard on its way to disk: host tensors a writer thread stores once `ready` (its copies
+    have landed and every state is finite), then `release`s the ring slot they live in."""
+
+    def __init__(self, tensors: dict, ring: staging.HostRing, slot: staging.Slot, name_bad):
+        self.tensors, self._ring, self._slot, self._name_bad = tensors, ring, slot, name_bad
+
+    def ready(self) -> dict[str, torch.Tensor]:
+        self._slot.wait()
+        t = len(self.tensors["input_ids"])
+        ok = {n: self._slot.buffers[f"{n}_ok"][:t] for n in ("aux", "last")}  # [T] each
+        if not (bool(ok["aux"].all()) and bool(ok["last"].all())):
+            self._name_bad(ok)
+        return self.tensors
+
+    def release(self) -> None:
+        self._ring.release(self._slot)
+
+
+def host_ring(cfg: RunConfig, device, capacity: int, shards_todo: int) -> staging.HostRing:
+    """The ring harvest_shard stages into: per token the encoded aux/last (+ fp8 scales) and a
+    finite flag of each; one slot per writer thread and one being filled (no more than there
+    are shards to do)."""
+    h, hidden, groups = cfg.harvest, cfg.target.hidden_size, len(cfg.draft.aux_layer_ids)
+    store = encode.FP8 if h.storage_dtype == "fp8" else shards.store_dtype(h.dtype)
+    specs = {"aux": ((groups * hidden,), store), "last": ((hidden,), store),
+             "aux_ok": ((), torch.bool), "last_ok": ((), torch.bool)}
+    if h.storage_dtype == "fp8":
+        specs.update(aux_scale=((groups,), torch.float32), last_scale=((1,), torch.float32))
+    return staging.HostRing(device, specs, capacity,
+                            slots=min(max(1, h.writers) + 1, max(1, shards_todo)))
+
+
+def _spans(batch: list[int], lens: list[int], starts: list[int], packing: str):
+    """(row b, first token, end token) in the forward's output -> shard offset, per copy:
+    one per sequence, or one per batch when varlen keeps the batch's sequences contiguous."""
+    if packing == "varlen":  # planned in order: the row is the shard's tokens starts[batch[0]]..
+        return [(0, 0, sum(lens[j] for j in batch), starts[batch[0]])]
+    return [(b, 0, lens[j], starts[j]) for b, j in enumerate(batch)]
+
+
 def harvest_shard(job: SplitJob, index: int, capture: capture_mod.OnlineCapture,
-                  cfg: RunConfig) -> dict[str, torch.Tensor]:
-    """Compute and check shard `index` of `job`: the tensors `shards.write_shard` stores."""
+                  cfg: RunConfig, ring: staging.HostRing) -> Staged:
+    """Compute shard `index` of `job` into a ring slot: per batch, the forward, the encode to the
+    storage dtype and the finite flags run on the device, then non-blocking copies to the host.
+    Returns the shard for a writer thread (`shards.write_shard`'s tensors once ready)."""
     rows = job.shards[index]
     data = job.ds[rows]  # columns -> lists, dataset order
     seqs = [_sequence(job, r, *fields, cfg.target.vocab_size) for r, *fields in zip(
         rows, data["id"], data["input_ids"], data["loss_mask"], data["length"], strict=True)]
     lens = [len(ids) for ids, _ in seqs]
     starts = [0, *itertools.accumulate(lens)]  # offset of each sequence in the shard
-    hidden, width = cfg.target.hidden_size, len(capture.aux_layer_ids) * cfg.target.hidden_size
-    store = shards.store_dtype(cfg.harvest.dtype)
-    aux = torch.empty(sum(lens), width, dtype=store)  # [T_shard, A*H]
-    last = torch.empty(sum(lens), hidden, dtype=store)  # [T_shard, H]
-    for batch in plan_batches(lens, cfg.harvest.batch_tokens, cfg.harvest.padding):
-        x, mask = pad_right([seqs[j][0] for j in batch])  # [B, T]
-        feats = capture(x, mask)
-        _check(feats, x, width, hidden, job, [rows[j] for j in batch],
+    h, hidden = cfg.harvest, cfg.target.hidden_size
+    groups, packing = len(capture.aux_layer_ids), job.header["packing"]
+    store = shards.store_dtype(h.dtype)
+    slot = ring.acquire()
+    for batch in plan_batches(lens, h.batch_tokens, packing):
+        inputs = forward_inputs([seqs[j][0] for j in batch], packing)
+        x = inputs["input_ids"]  # [B, T]
+        feats = capture(x, inputs["attention_mask"], **(
+            {"position_ids": inputs["position_ids"]} if "position_ids" in inputs else {}))
+        _check(feats, x, groups * hidden, hidden, job, [rows[j] for j in batch],
                [data["id"][j] for j in batch])
-        for b, j in enumerate(batch):
-            s, e = starts[j], starts[j] + lens[j]
-            aux[s:e] = feats["aux"][b, :lens[j]]  # padding stripped, cast to storage dtype
-            last[s:e] = feats["last"][b, :lens[j]]
-    if not (bool(torch.isfinite(aux).all()) and bool(torch.isfinite(last).all())):
-        _name_nonfinite(job, rows, data["id"], starts, aux, last, cfg)  # one pass; names which
-    return {
-        "aux": aux, "last": last,
+        out = {}
+        for name, g in (("aux", groups), ("last", 1)):
+            enc = encode.encode(feats[name], g, store, h.storage_dtype)  # on the device
+            out[name], out[f"{name}_ok"] = enc["q"], torch.isfinite(feats[name]).all(-1)
+            if "scale" in enc:
+                out[f"{name}_scale"] = enc["scale"]  # [B, T, G]
+        ring.begin()
+        for b, s, e, at in _spans(batch, lens, starts, packing):
+            for name, t in out.items():
+                ring.copy(slot, name, at, t[b, s:e])  # padding stripped
+    ring.seal(slot)
+    n = starts[-1]
+    tensors = {name: slot.buffers[name][:n] for name in slot.buffers if not name.endswith("_ok")}
+    tensors.update({
         "input_ids": torch.cat([ids for ids, _ in seqs]),  # [T_shard]
         "loss_mask": torch.cat([m for _, m in seqs]),  # [T_shard]
         "seq_lens": torch.tensor(lens, dtype=torch.long),  # [S]
         "sample_idx": torch.tensor(rows, dtype=torch.long),  # [S]
-    }
+    })
+    return Staged(tensors, ring, slot,
+                  lambda ok: _name_nonfinite(job, rows, data["id"], starts, ok, cfg))
 
 
 def _name_nonfinite(job: SplitJob, rows: list[int], ids: list[str], starts: list[int],
-                    aux: torch.Tensor, last: torch.Tensor, cfg: RunConfig) -> None:
-    """Raise for the first sequence of the shard whose stored states hold NaN/Inf."""
+                    ok: dict[str, torch.Tensor], cfg: RunConfig) -> None:
+    """Raise for the first sequence of the shard whose states hold NaN/Inf (`ok[name]` [T]: the
+    device's per-token finite flags)."""
     for j, row in enumerate(rows):
         s, e = starts[j], starts[j + 1]
-        bad = [n for n, v in (("aux", aux[s:e]), ("last", last[s:e]))
-               if not bool(torch.isfinite(v).all())]
+        bad = [n for n in ("aux", "last") if not bool(ok[n][s:e].all())]
         if bad:
             raise DraftkitError(
                 f"the target produced NaN/Inf hidden states ({', '.join(bad)}) for "
@@ -254,45 +306,60 @@ def check_disk(jobs: list[SplitJob], cfg: RunConfig) -> None:
 # ----------------------------------------------------------------------------- the stage
 
 
+def _disk_full(directory: Path, written: int) -> HarvestError:
+    return HarvestError(
+        f"the disk holding {directory} is full: {written} shard(s) of this process were written "
+        f"before and are kept. Free space, or {shards.DISK_FIXES}; then rerun `draftkit "
+        "harvest RUN` to resume after them")
+
+
 def _compute(cfg: RunConfig, todo: list[tuple[SplitJob, int]], state) -> dict:
-    """Harvest this rank's unfinished shards (the target is loaded only if there are any)."""
+    """Harvest this rank's unfinished shards (the target is loaded only if there are any):
+    the main thread runs forwards, a pool of writer threads stores finished shards."""
     from tqdm.auto import tqdm
 
     stats = {"rank": state.process_index, "shards": 0, "tokens": 0, "load_s": 0.0,
-             "compute_s": 0.0}
+             "compute_s": 0.0, "entries": {}}
     if not todo:
         return stats
     t0 = time.perf_counter()
     tgt = target_load.load_target(cfg.target.name, device=str(state.device),
                                  dtype=cfg.target.dtype, revision=cfg.target.revision)
     capture = capture_mod.OnlineCapture(tgt.model, cfg.draft.aux_layer_ids)
-    t1 = time.perf_counter()
-    total = sum(job.lengths[r] for job, i in todo for r in job.shards[i])
-    bar = tqdm(total=total, unit="tok", desc=f"harvest rank {state.process_index}",
+    sizes = [sum(job.lengths[r] for r in job.shards[i]) for job, i in todo]
+    ring = host_ring(cfg, tgt.model.get_input_embeddings().weight.device, max(sizes), len(todo))
+    t1 = time.perf_counter()  # load_s: the target and the host ring; compute_s: the rest
+    bar = tqdm(total=sum(sizes), unit="tok", desc=f"harvest rank {state.process_index}",
                disable=not state.is_main_process)
-    writer = shards.ShardWriter()  # writes shard i while shard i+1 is computed
+    pool = writer.WriterPool(cfg.harvest.writers, _disk_full)
     try:
-        for job, i in todo:
-            writer.put(job.directory, i, harvest_shard(job, i, capture, cfg), job.fingerprint)
-            bar.update(sum(job.lengths[r] for r in job.shards[i]))
+        for (job, i), size in zip(todo, sizes, strict=True):
+            pool.put(job.directory, i, harvest_shard(job, i, capture, cfg, ring),
+                     job.fingerprint, lambda *a: shards.write_shard(*a))
+            bar.update(size)
     finally:  # an error here still writes the shards computed before it
-        entries = writer.close()
+        entries = pool.close()
     bar.close()
-    stats["shards"], stats["tokens"] = len(entries), sum(e["tokens"] for e in entries)
+    stats["shards"], stats["tokens"] = len(entries), sum(e["tokens"] for e in entries.values())
     stats["load_s"], stats["compute_s"] = t1 - t0, time.perf_counter() - t1
+    stats["entries"] = entries
     return stats
 
 
-def _finish(run: Run, jobs: list[SplitJob], stats: list[dict], seconds: float) -> None:
-    """Rank 0, after every rank is done: verify all shards, write manifests and meta.json."""
+def _finish(run: Run, jobs: list[SplitJob], stats: list[dict], done: dict,
+            seconds: float) -> None:
+    """Rank 0, after every rank is done: the manifests from the entries this run wrote or
+    verified at its start (no shard is hashed again), then meta.json."""
+    known = dict(done)
+    for s in stats:
+        known.update(s.pop("entries"))
     for job in jobs:
         entries = []
         for i in range(len(job.shards)):
-            entry = shards.verified_entry(job.directory, i, job.fingerprint)
+            entry = known.get((str(job.directory), i))
             if entry is None:
-                raise HarvestError(f"shard {i} of {job.directory} is missing or failed its "
-                                   f"checksum after harvest; rerun `draftkit harvest "
-                                   f"{run.paths.root}`")
+                raise HarvestError(f"shard {i} of {job.directory} is missing after harvest; "
+                                   f"rerun `draftkit harvest {run.paths.root}`")
             entries.append(entry)
         shards.write_manifest(job.directory, job.header, entries)
     computed = sum(s["tokens"] for s in stats)
@@ -333,13 +400,18 @@ def harvest(run_dir: Path, overrides: list[str] | None = None) -> Path:
                       "redoing every shard", file=sys.stderr)
     state.wait_for_everyone()
     work = [(job, i) for job in jobs for i in range(len(job.shards))]
-    mine = work[state.process_index::state.num_processes]
-    todo = [(job, i) for job, i in mine
-            if shards.verified_entry(job.directory, i, job.fingerprint) is None]
-    stats = gather_object([_compute(cfg, todo, state)])
+    done, todo = {}, []
+    for job, i in work[state.process_index::state.num_processes]:  # shards an earlier run
+        entry = shards.verified_entry(job.directory, i, job.fingerprint)  # wrote: re-hashed
+        if entry is None:
+            todo.append((job, i))
+        else:
+            done[(str(job.directory), i)] = entry
+    stats = gather_object([{**_compute(cfg, todo, state), "verified": done}])
     state.wait_for_everyone()
     if state.is_main_process:
-        _finish(run, jobs, stats, time.perf_counter() - t0)
+        verified = {k: v for s in stats for k, v in s.pop("verified").items()}
+        _finish(run, jobs, stats, verified, time.perf_counter() - t0)
     state.wait_for_everyone()
     return run.paths.harvest
 

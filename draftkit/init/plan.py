@@ -3,6 +3,7 @@ regenerate and harvest, hidden-state disk (train.mode=stored), memory for each s
 
     draftkit plan runs/qwen3-8b-math-eagle3
     draftkit plan runs/qwen3-8b-math-eagle3 data.max_samples=2000    # what fewer samples cost
+    draftkit plan runs/qwen3-8b-math-eagle3 --hardware h200          # a GPU you do not have
 
 `draftkit init` prints the same plan, and when a stored harvest would not fit the free disk
 (with FIT_MARGIN and FIT_HEADROOM) it writes `train.mode: online` instead and says why.
@@ -14,7 +15,8 @@ FLOP/s and copy bandwidth (core/speed.py) times efficiencies: a `scripts/bench_s
 result of this machine (results/bench_scale*.json, any random:<name> target of >= 50M params)
 calibrates them; else the EFFICIENCY defaults below. A forward costs 2 x params FLOPs per
 token, a training step 6 x the head's parameters per TTT step, a decode step of S sequences
-max(weights / bandwidth, S x forward FLOPs / FLOP/s).
+max(weights / bandwidth, S x forward FLOPs / FLOP/s). `--hardware NAME` plans with a stored
+profile's achieved rates instead (profiles.py: built from bench_scale runs, each named).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from draftkit.core.config import RunConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.harvest.shards import DISK_FIXES, ID_BYTES, bytes_per_token
+from draftkit.init import profiles
 from draftkit.prepare.recipes import load_recipe
 
 PROMPT_TOKENS = 150  # assumed templated prompt length before `prepare` counted the real ones
@@ -180,11 +183,48 @@ def _calibration(hw: hardware.Hardware, device: str, dirs: list[Path]) -> tuple[
     return dict(EFFICIENCY), "default efficiencies (no scripts/bench_scale.py result of this machine)"
 
 
+def profile_rates(cfg: RunConfig, seq: float, prof: dict) -> tuple[dict, str]:
+    """Estimated tokens/s of each stage on a stored hardware profile's machine (profiles.py):
+    its achieved FLOP/s over this run's FLOPs per token."""
+    fwd_fl = _forward_flops(cfg, seq)
+    forward = prof["forward_flops_per_s"] / fwd_fl
+    train = prof["train_flops_per_s"] / _train_flops(cfg)
+    seqs = max(1, min(256, cfg.data.regen_batch_size))
+    weights = cfg.target.params_b * 1e9 * 2  # bf16 where the profile's machine runs vLLM
+    decode = prof["forward_flops_per_s"] * EFFICIENCY["decode"] / EFFICIENCY["forward"]
+    step = max(weights / prof["bandwidth"], seqs * fwd_fl / decode)
+    out = {"forward": forward, "harvest": forward * prof["harvest_vs_forward"], "train": train,
+           "online": 1 / (1 / forward + 1 / train), "regenerate": seqs / step}
+    runs = ", ".join(f"{r['commit']} ({r['file']})" for r in prof["runs"])
+    return out, (f"hardware profile {prof['name']} ({prof['machine']}; "
+                 + ("measured" if prof["measured"] else prof["derived"])
+                 + f"): forward {prof['forward_flops_per_s'] / 1e12:,.1f} TFLOP/s, training "
+                 f"{prof['train_flops_per_s'] / 1e12:,.1f} TFLOP/s achieved, median of runs "
+                 f"{runs}")
+
+
+class NoDevice(DraftkitError):
+    """The run computes on a device this machine does not have."""
+
+
+def check_device(dev: str) -> None:
+    """One clear line, not a traceback, when the run's device is not on this machine."""
+    if dev == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise NoDevice(
+                "train.device=cuda, but this machine has no CUDA device: plan for a GPU you "
+                "do not have with `draftkit plan RUN --hardware h200` (stored profiles: "
+                f"{', '.join(sorted(profiles.load()))}), or plan here with train.device=cpu")
+
+
 def rates(cfg: RunConfig, seq: float, results_dirs: list[Path] | None = None,
           hw: hardware.Hardware | None = None) -> tuple[dict, str]:
     """Estimated tokens/s of each stage on this machine, and where the figures come from."""
     hw = hw or hardware.detect()
     dev = hw.device if cfg.train.device == "auto" else cfg.train.device
+    check_device(dev)
     sp = speed.machine_speed(dev, hw)
     eff, source = _calibration(hw, dev, results_dirs or [])
     fwd_dtype = hardware.resolve(cfg.target.dtype, dev, hw)
@@ -207,10 +247,10 @@ def rates(cfg: RunConfig, seq: float, results_dirs: list[Path] | None = None,
 # ----------------------------------------------------------------------------- memory, disk
 
 
-def memory(cfg: RunConfig, bytes_per_token: int) -> dict[str, int]:
+def memory(cfg: RunConfig, bytes_per_token: int, device: str | None = None) -> dict[str, int]:
     """Peak bytes per stage (estimates): weights, optimizer state, activations of a batch."""
     t, tr = cfg.target, cfg.train
-    dt = hardware.TORCH_DTYPES[hardware.resolve(t.dtype)].itemsize
+    dt = 2 if device == "cuda" else hardware.TORCH_DTYPES[hardware.resolve(t.dtype)].itemsize
     weights = t.params_b * 1e9 * dt
     act_fwd = cfg.harvest.batch_tokens * (4 * t.hidden_size + 2 * t.intermediate_size) * dt
     trained, frozen = head_params(cfg)
@@ -243,22 +283,24 @@ def fits(disk_bytes: int, free: int) -> bool:
 
 
 def make(cfg: RunConfig, paths: artifacts.RunPaths, results_dirs: list[Path] | None = None,
-         hw: hardware.Hardware | None = None) -> Plan:
-    """The plan of run `cfg` whose artifacts live at `paths` (the run dir may not exist yet)."""
+         hw: hardware.Hardware | None = None, profile: dict | None = None) -> Plan:
+    """The plan of run `cfg` whose artifacts live at `paths` (the run dir may not exist yet),
+    on this machine, or on the machine of a stored hardware `profile` (profiles.get)."""
     hw = hw or hardware.detect()
     counts = _prepared(paths, cfg) or _assumed(cfg)
     samples = counts["train"] + counts["eval"]
     per = counts.get("per") or counts["tokens"] / max(samples, 1)
     bpt = bytes_per_token(len(cfg.draft.aux_layer_ids), cfg.target.hidden_size,
-                          cfg.harvest.dtype) + ID_BYTES
+                          cfg.harvest.dtype, cfg.harvest.storage_dtype) + ID_BYTES
     disk = counts["tokens"] * bpt
     free, _measured = artifacts.free_disk(paths.harvest)
-    r, source = rates(cfg, per, results_dirs, hw)
+    r, source = profile_rates(cfg, per, profile) if profile else rates(cfg, per, results_dirs,
+                                                                        hw)
     tr = cfg.train
     train_tokens = counts["tokens"] * tr.epochs
     if tr.max_steps:
         train_tokens = min(train_tokens, tr.max_steps * tr.batch_tokens * tr.grad_accum)
-    dev = hw.device if tr.device == "auto" else tr.device
+    dev = profile["device"] if profile else hw.device if tr.device == "auto" else tr.device
     seconds = {"regenerate": counts["regen"] / r["regenerate"],
                "harvest": counts["tokens"] / r["harvest"], "train": train_tokens / r["train"],
                "online train": train_tokens / r["online"]}
@@ -268,8 +310,12 @@ def make(cfg: RunConfig, paths: artifacts.RunPaths, results_dirs: list[Path] | N
                 regen_tokens=counts["regen"], harvest_tokens=counts["tokens"],
                 bytes_per_token=bpt, taps=list(cfg.draft.aux_layer_ids), disk_bytes=disk,
                 disk_dir=str(paths.harvest), free_bytes=free, fits=fits(disk, free), mode=tr.mode,
-                memory=memory(cfg, bpt), memory_limit=memory_limit(dev), rates=r,
-                rates_from=source, seconds=seconds)
+                memory=memory(cfg, bpt, dev),
+                memory_limit=(profile["memory_bytes"] or 0) if profile else memory_limit(dev),
+                rates=r, rates_from=source, seconds=seconds,
+                notes=[f"planned for {profile['machine']} (--hardware {profile['name']}), not "
+                       f"this machine; the disk figures are this machine's disk"]
+                if profile else [])
 
 
 def choose_mode(cfg: RunConfig, p: Plan) -> bool:
@@ -288,10 +334,13 @@ def choose_mode(cfg: RunConfig, p: Plan) -> bool:
 
 
 def plan_run(run_dir: str | Path, overrides: list[str] | None = None,
-             results_dirs: list[Path] | None = None) -> Plan:
-    """The plan of the run at `run_dir` (its config after `overrides`)."""
+             results_dirs: list[Path] | None = None, hardware_name: str = "") -> Plan:
+    """The plan of the run at `run_dir` (its config after `overrides`), on this machine or on
+    the stored hardware profile `hardware_name` (h200, h100, a measured CPU kind)."""
+    prof = profiles.get(hardware_name) if hardware_name else None
     run = config.open_run(run_dir, overrides)
-    return make(run.cfg, run.paths, results_dirs if results_dirs is not None else [Path("results")])
+    return make(run.cfg, run.paths, results_dirs if results_dirs is not None else [Path("results")],
+                profile=prof)
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -323,7 +372,7 @@ def render(p: Plan) -> str:
         + ("fits" if p.fits else f"does NOT fit (needs x{FIT_MARGIN} + {_size(FIT_HEADROOM)})"),
         f"  memory      harvest {_size(m['harvest'])}, stored train {_size(m['stored train'])}"
         f", online train {_size(m['online train'])} (this {p.device} has "
-        f"{_size(p.memory_limit)})",
+        f"{_size(p.memory_limit) if p.memory_limit else 'an unknown amount'})",
         f"  time        regenerate {_hours(p.seconds['regenerate'])}; stored: harvest "
         f"{_hours(p.seconds['harvest'])} + train {_hours(p.seconds['train'])} = "
         f"{_hours(stored)}; online train {_hours(p.seconds['online train'])}",
@@ -338,7 +387,7 @@ def render(p: Plan) -> str:
                      "harvest.dir=PATH on a larger disk and train.mode=stored go back)")
     if not p.fits and p.mode == "stored":
         lines.append("  note        a stored harvest would fill the disk: " + DISK_FIXES)
-    if m["online train"] > p.memory_limit and p.mode == "online":
+    if p.memory_limit and m["online train"] > p.memory_limit and p.mode == "online":
         lines.append("  note        online training needs more memory than this device has: "
                      "lower train.batch_tokens, or train on a larger device")
     return "\n".join(lines)

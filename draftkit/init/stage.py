@@ -14,6 +14,7 @@ then the command line's `key=value` overrides. The result has every field presen
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import yaml
@@ -104,7 +105,8 @@ def init_run(target: str, data: str, kind: str = "eagle3", k: int | None = None,
     paths = artifacts.RunPaths(run_dir, harvest_dir=cfg.harvest.dir or None)
     if "mode" not in config.parse_overrides(overrides or []).get("train", {}):
         # a stored harvest that cannot fit the disk: online training (the plan says why)
-        plan.choose_mode(cfg, plan.make(cfg, paths))
+        with contextlib.suppress(plan.NoDevice):  # a config for another machine: no plan here
+            plan.choose_mode(cfg, plan.make(cfg, paths))
     if paths.config.exists() and not force:
         raise DraftkitError(f"run dir {run_dir} already holds a run config; pass --force to "
                             "overwrite it, or --name to start another run")
@@ -128,7 +130,10 @@ def next_steps(run_dir: Path, cfg: RunConfig) -> str:
                      f"{artifacts.home() / 'targets' / info.name}")
     if line := kinds.of(cfg).describe(cfg):
         lines.append(line)
-    lines.append(plan.render(plan.make(cfg, config.run_paths(run_dir), [Path("results")])))
+    try:
+        lines.append(plan.render(plan.make(cfg, config.run_paths(run_dir), [Path("results")])))
+    except plan.NoDevice as e:
+        lines.append(f"no plan on this machine: {e}")
     verbs = ("prepare", "harvest", "train", "export", "eval")
     lines += ["next:"] + [f"  draftkit {verb} {run_dir}" for verb in verbs
                           if verb != "harvest" or cfg.train.mode == "stored"]

@@ -93,10 +93,13 @@ class OnlineCapture:
         self.model = model
         self.aux_layer_ids = list(aux_layer_ids)
 
-    def __call__(self, input_ids: torch.Tensor,
-                 attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """position_ids [B, T] restarting at 0 mark sequences packed back to back in one row
+        (attention_mask None): transformers then keeps attention within each."""
         device = self.model.get_input_embeddings().weight.device
         mask = None if attention_mask is None else attention_mask.to(device)
+        pos = None if position_ids is None else position_ids.to(device)
         aux, last = capture(self.model, input_ids.to(device), self.aux_layer_ids,
-                                       attention_mask=mask)
+                            attention_mask=mask, position_ids=pos)
         return {"aux": aux, "last": last}  # [B, T, A*H], [B, T, H] on the model's device
