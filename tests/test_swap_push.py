@@ -98,7 +98,7 @@ def test_two_pushers_of_one_run_take_turns(run, monkeypatch):
     inside, overlap = [], []
 
     def swap_engine(url, directory, kind, probes, min_al, max_tokens, timeout, candidates,
-                    version, reload_held):
+                    version, reload_held, min_drafts=8):
         inside.append(version)
         if len(inside) > 1:
             overlap.append(list(inside))

@@ -112,8 +112,8 @@ def _one(store, url, directory, version, cfg, probes, candidates, reload_held) -
     rc, now = cfg.refresh, time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
         rep = rollout_client.swap_engine(url, directory, cfg.draft.kind, probes, rc.min_probe_al,
-                                  rc.probe_max_tokens, rc.engine_timeout_s, candidates,
-                                  version, reload_held)
+                                         rc.probe_max_tokens, rc.engine_timeout_s, candidates,
+                                         version, reload_held, rc.min_probe_drafts)
         rec = {"version": version, "directory": str(directory), "status": "serving",
                "al": rep["al"], "swap_s": rep["swap_s"], "pause_s": rep["pause_s"],
                "probe_s": rep["probe_s"], "paused_at": rep.get("paused_at"),

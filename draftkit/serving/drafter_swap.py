@@ -55,6 +55,7 @@ from pathlib import Path
 
 import torch
 
+from draftkit.core.config import RefreshConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.serving import vllm_engine
@@ -64,6 +65,7 @@ EXTENSION = "draftkit.serving.drafter_swap.DrafterSwap"
 BACKEND = "draftkit"  # serving/weight_transfer.py's engine, registered by the vLLM plugin
 SECRET_ENV = "DRAFTKIT_SWAP_SECRET"
 NATIVE, EXTENSION_PATH = "native", "worker extension"
+MIN_DRAFTS = RefreshConfig.min_probe_drafts  # fewer measured draft steps decide nothing
 
 
 class DraftSwapError(DraftkitError):
@@ -331,14 +333,29 @@ def probe_al(llm, probes: list[list[int]], max_tokens: int) -> dict | None:
     return spec.as_dict() if spec.drafts else None
 
 
+def unmeasured(spec: dict | None, min_drafts: int = MIN_DRAFTS) -> str | None:
+    """Why a probe's counters decide nothing (fewer than `min_drafts` draft steps: a
+    max_tokens below k + 2, a k-schedule that drafts nothing at that batch, a saturated
+    engine), else None. Reading 0 drafts as AL 1.0 would condemn a good draft."""
+    drafts = (spec or {}).get("drafts", 0)
+    if drafts >= min_drafts:
+        return None
+    return (f"the probe measured {drafts} draft steps, fewer than {min_drafts} "
+            "(refresh.min_probe_drafts): nothing was decided about the draft. Raise "
+            "refresh.probe_max_tokens (at least k + 2) or probe when the engine drafts")
+
+
 def health_check(llm, kind, directory: str | Path, probes: list[list[int]] | None,
-                 min_al: float, max_tokens: int = 64) -> dict:
+                 min_al: float, max_tokens: int = 64, min_drafts: int = MIN_DRAFTS) -> dict:
     """{"ok", "hash_problems", "al", "spec"}: hashes equal in every worker and AL > min_al.
-    Refuses (DraftSwapError) without probes or with min_al <= 1.0."""
+    Refuses (DraftSwapError) without probes or with min_al <= 1.0; a probe that measured
+    fewer than `min_drafts` draft steps raises DraftSwapError("error"): nothing decided."""
     require_check(probes, min_al)
     problems = hash_problems(llm, kind, directory)
     spec = probe_al(llm, probes, max_tokens)
-    al = spec["acceptance_length"] if spec else 1.0
+    if (why := unmeasured(spec, min_drafts)) is not None:
+        raise DraftSwapError(why, "error", str(directory))
+    al = spec["acceptance_length"]
     return {"ok": not problems and al > min_al, "hash_problems": problems[:10], "al": al,
             "min_al": min_al, "spec": spec}
 
@@ -407,21 +424,24 @@ def _rolled_back(llm, kind, report: dict, e: Exception) -> DraftSwapError:
 
 def swap_into(llm, directory: str | Path, kind, probes: list[list[int]] | None, min_al: float,
               max_tokens: int = 64, candidates: list[str | Path] = (),
-              version: str | None = None) -> dict:
+              version: str | None = None, min_drafts: int = MIN_DRAFTS) -> dict:
     """Load `directory` into the live drafter (the native update where the engine has it:
     report["path"]), check it, roll back on failure or on any exception (and raise
     DraftSwapError). `candidates`: dirs the engine's current drafter may have come from,
     tried when the worker's own path no longer holds its weights. `version`: the engine's
-    weight version after the swap (default: the dir's version name)."""
+    weight version after the swap (default: the dir's version name). A probe that measured
+    fewer than `min_drafts` draft steps rolls back with verdict "error" (nothing decided)."""
     require_check(probes, min_al)
     require_measurable(llm)
     report = load_checked(llm, kind, directory, candidates, version)
     held = report.pop("held")
     try:
         spec = probe_al(llm, probes, max_tokens)
+        if (why := unmeasured(spec, min_drafts)) is not None:
+            raise RuntimeError(why)
     except Exception as e:  # noqa: BLE001 - whatever broke, the old weights go back
         raise _rolled_back(llm, kind, {**report, "held": held}, e) from e
-    al = spec["acceptance_length"] if spec else 1.0
+    al = spec["acceptance_length"]
     report.update({"ok": al > min_al, "al": al, "min_al": min_al, "spec": spec})
     if report["ok"]:
         return report

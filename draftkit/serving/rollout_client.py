@@ -40,7 +40,7 @@ from pathlib import Path
 
 from draftkit.core.errors import DraftkitError
 from draftkit.serving.counters import SpecCounters
-from draftkit.serving.drafter_swap import SECRET_ENV, require_check, version_name
+from draftkit.serving.drafter_swap import MIN_DRAFTS, SECRET_ENV, require_check, version_name
 from draftkit.serving.rollout_routes import HEADER, PREFIX
 
 COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts",
@@ -152,7 +152,8 @@ def state(url: str, timeout: float = 30.0, txn: str | None = None) -> dict:
 
 def swap_engine(url: str, directory: str | Path, kind: str, probes: list[list[int]],
                 min_al: float, max_tokens: int, timeout: float, candidates=(),
-                version: str | None = None, reload_held: bool = True) -> dict:
+                version: str | None = None, reload_held: bool = True,
+                min_drafts: int = MIN_DRAFTS) -> dict:
     """Start the swap transaction of `directory` on the engine at `url` and return its
     report once committed, or raise EngineError with the server's verdict (module doc).
     `reload_held=False`: an engine already holding these tensors is not reloaded (a check
@@ -163,6 +164,7 @@ def swap_engine(url: str, directory: str | Path, kind: str, probes: list[list[in
     body = {"directory": directory, "kind": kind, "version": version or version_name(directory),
             "candidates": [os.path.realpath(c) for c in candidates], "reload_held": reload_held,
             "probes": probes, "min_al": min_al, "max_tokens": max_tokens, "txn": txn,
+            "min_drafts": min_drafts,
             "probe_timeout_s": timeout, "pause_wait_s": pause_wait, "wait_s": timeout}
     deadline = time.monotonic() + 2 * timeout + pause_wait  # the server's longest transaction
     try:

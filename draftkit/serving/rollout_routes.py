@@ -37,6 +37,7 @@ after that thread has ended.
 
 import asyncio
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -205,22 +206,37 @@ def _swap_args(body: dict, probe: bool = False) -> dict | str:
     return _probe_args(body, args) if probe else args
 
 
+MAX_PROBES, MAX_PROBE_TOKENS = 64, 8192  # caps on one swap's probe: prompts, ids per prompt
+NUMBERS = {  # the swap's numbers: (default, lowest allowed, highest allowed)
+    "max_tokens": (64, 1, MAX_PROBE_TOKENS), "min_drafts": (ds.MIN_DRAFTS, 1, 1 << 20),
+    "probe_timeout_s": (60, 0.001, 3600), "pause_wait_s": (30, 0, 3600), "wait_s": (60, 0, 3600)}
+
+
 def _probe_args(body: dict, args: dict) -> dict | str:
-    """The probe's arguments: token-id prompts and a threshold the check can fail."""
+    """The probe's arguments: token-id prompts (at most MAX_PROBES of at most MAX_PROBE_TOKENS
+    ids) and a threshold the check can fail; every number finite and within NUMBERS."""
     probes = body.get("probes")
     if not isinstance(probes, list) or not all(
             isinstance(p, list) and all(isinstance(t, int) for t in p) for p in probes):
         return "probes must be a list of token-id lists (the swap's check needs them)"
+    if len(probes) > MAX_PROBES or any(len(p) > MAX_PROBE_TOKENS for p in probes):
+        return (f"at most {MAX_PROBES} probe prompts of at most {MAX_PROBE_TOKENS} token ids "
+                "each (refresh.probe_prompts)")
     try:
         ds.require_check(probes, float(body.get("min_al", 0)))
-        nums = {k: float(body.get(k, d)) for k, d in (
-            ("max_tokens", 64), ("probe_timeout_s", 60), ("pause_wait_s", 30), ("wait_s", 60))}
+        nums = {k: float(body.get(k, d)) for k, (d, _, _) in NUMBERS.items()}
     except (DraftSwapError, TypeError, ValueError) as e:
         return str(e)
+    for key, (_, low, high) in NUMBERS.items():
+        if not (math.isfinite(nums[key]) and low <= nums[key] <= high):  # NaN fails too
+            return f"{key}={nums[key]} must be a finite number in [{low:g}, {high:g}]"
+    if not math.isfinite(float(body["min_al"])):
+        return f"min_al={body['min_al']} must be finite"
     txn = body.get("txn")
     if txn is not None and not (isinstance(txn, str) and re.fullmatch(r"[\w-]{1,64}", txn)):
         return "txn must be 1-64 letters, digits, _ or -"
-    return {**args, **nums, "max_tokens": int(nums["max_tokens"]), "probes": probes,
+    return {**args, **nums, "max_tokens": int(nums["max_tokens"]),
+            "min_drafts": int(nums["min_drafts"]), "probes": probes,
             "min_al": float(body["min_al"]), "txn": txn}
 
 

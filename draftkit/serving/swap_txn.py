@@ -51,6 +51,7 @@ from draftkit.serving.drafter_swap import DraftSwapError
 
 DONE = ("committed", "rolled_back", "refused", "error")
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics summary"
+PROBE_PRIORITY = -(1 << 30)  # `--scheduling-policy priority`: lower runs first, ahead of rollouts
 
 
 def state_dir() -> Path:
@@ -166,6 +167,8 @@ class Transactions:
                 "this server cannot measure its own probe: it was started without per-request "
                 "spec-decode metrics. Restart it with " + PER_REQUEST_FLAG +
                 " (draftkit.serving.serve.command adds it)"))
+        if (unfit := probe_misfit(engine, args)) is not None:
+            return self._end(rec, "refused", "refused", error=unfit)
         if (busy := await self._wait_unpaused(engine, args["pause_wait_s"])) is not None:
             return self._end(rec, "refused", "refused", error=busy)
         rec = self._save({**rec, "state": "loading"})
@@ -190,7 +193,11 @@ class Transactions:
         except Exception as e:  # noqa: BLE001 - unjudged: the previous draft goes back
             why = _probe_problem(e, args)
             return await self._roll_back(adapter, args, rec, held, "error", why)
-        al = spec.acceptance_length if spec.drafts else 1.0
+        if (why := ds.unmeasured(spec.as_dict(), args["min_drafts"])) is not None:
+            rec = {**rec, "probe": {"drafts": spec.drafts, "draft_tokens": spec.draft_tokens},
+                   "probe_s": time.perf_counter() - t1}
+            return await self._roll_back(adapter, args, rec, held, "error", why)
+        al = spec.acceptance_length
         rec = {**rec, "al": al, "probe": spec.as_dict(), "probe_s": time.perf_counter() - t1,
                "min_al": args["min_al"]}
         if al > args["min_al"]:
@@ -250,6 +257,25 @@ def per_request_metrics(engine) -> bool:
     return getattr(cfg, "per_request_spec_decode_metrics", "none") != "none"
 
 
+def probe_misfit(engine, args: dict) -> str | None:
+    """Why the probe cannot measure on this engine, found before anything is paused or loaded:
+    max_tokens below k + 2 (nothing drafted), or a prompt plus max_tokens past the engine's
+    --max-model-len (a probe that raises after a pause and a load decides nothing)."""
+    cfg = getattr(engine, "vllm_config", None)
+    k = getattr(getattr(cfg, "speculative_config", None), "num_speculative_tokens", None)
+    limit = getattr(getattr(cfg, "model_config", None), "max_model_len", None)
+    if isinstance(k, int) and args["max_tokens"] < k + 2:
+        return (f"probe max_tokens={args['max_tokens']} < k + 2 = {k + 2}: the probe would "
+                "draft nothing and decide nothing. Raise refresh.probe_max_tokens; nothing "
+                "was loaded")
+    longest = max(len(p) for p in args["probes"])
+    if isinstance(limit, int) and longest + args["max_tokens"] > limit:
+        return (f"a probe prompt of {longest} tokens plus max_tokens={args['max_tokens']} does "
+                f"not fit the engine's --max-model-len {limit}: lower refresh.probe_max_tokens "
+                "or use shorter probe prompts; nothing was loaded")
+    return None
+
+
 async def probe(engine, probes: list[list[int]], max_tokens: int, timeout: float,
                 tag: str) -> SpecCounters:
     """Greedy completions of `probes` on the served engine; the acceptance of these requests
@@ -258,10 +284,12 @@ async def probe(engine, probes: list[list[int]], max_tokens: int, timeout: float
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     ids = [f"draftkit-probe-{tag}-{i}" for i in range(len(probes))]
+    sched = getattr(getattr(engine, "vllm_config", None), "scheduler_config", None)
+    ahead = {"priority": PROBE_PRIORITY} if getattr(sched, "policy", "") == "priority" else {}
 
     async def one(rid: str, prompt: list[int]):
         final = None
-        async for out in engine.generate({"prompt_token_ids": prompt}, params, rid):
+        async for out in engine.generate({"prompt_token_ids": prompt}, params, rid, **ahead):
             final = out
         return final.outputs[0].spec_decode_metrics if final and final.outputs else None
 

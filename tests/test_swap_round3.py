@@ -1,0 +1,87 @@
+"""Issue 52 (swaps, round 3): an engine's state is asked, not assumed; a probe that measured
+nothing decides nothing; the secret never leaves for a proxy. The server side runs on a bare
+FastAPI app with test_swap_txn's stand-in engine; the push side on stub HTTP servers bound to
+loopback. Each test names its finding (N1 ... N11); each failed on da386a3."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+from test_swap_txn import OK, Engine, _app, _body, fakes  # noqa: F401 - fakes is a fixture
+
+from draftkit.core.config import ConfigError, RefreshConfig
+from draftkit.serving import drafter_swap as ds
+
+
+def _swap(engine, body) -> dict:
+    from fastapi.testclient import TestClient
+
+    app, _ = _app(engine)
+    with TestClient(app) as client:
+        return client.post("/draftkit/swap", json=body, headers=OK).json()
+
+
+# ------------------------------------------------------------------ N1: measure, then judge
+
+
+@pytest.mark.parametrize("histogram", [(0, 0, 0, 0), (1, 0, 0, 0)])
+def test_a_probe_that_measured_nothing_decides_nothing(fakes, histogram):
+    # N1: 0 drafts (probe_max_tokens=1, a k-schedule with no drafting, a saturated engine)
+    # read as AL 1.0 and so `failed`; da386a3 condemned the good draft on every engine
+    out = _swap(Engine(histogram=histogram), _body(fakes.draft, txn="t-none"))
+    assert out["state"] == "rolled_back" and out["verdict"] == "error", out
+    assert "decided" in out["error"] and "min_probe_drafts" in out["error"]
+    assert fakes.log[-1] == "roll_back v0001"
+
+
+def test_a_probe_that_cannot_draft_or_fit_is_refused_before_any_pause(fakes):
+    # N1: max_tokens < k + 2, or a probe past --max-model-len, was found only after a pause and
+    # a load (and then judged); now refused up front, nothing paused or loaded
+    for k, limit, words in ((3, 4096, "k + 2"), (1, 6, "max-model-len")):
+        engine = Engine()
+        engine.vllm_config.speculative_config = SimpleNamespace(num_speculative_tokens=k)
+        engine.vllm_config.model_config = SimpleNamespace(max_model_len=limit)
+        out = _swap(engine, _body(fakes.draft, max_tokens=4))
+        assert out["verdict"] == "refused" and words in out["error"], out
+        assert fakes.log == [] and not [c for c in engine.calls if "pause" in c]
+
+
+def test_the_in_process_swap_reads_no_drafts_as_undecided(monkeypatch):
+    # N1: drafter_swap.swap_into / health_check read 0 drafts as AL 1.0: `failed`
+    report = {"directory": "/d", "version": "v0002", "path": "native", "previous": "/p",
+              "previous_version": "v0001", "held": [{}], "hash_problems": [], "loaded": True,
+              "swap_s": 0.0}
+    monkeypatch.setattr(ds, "require_measurable", lambda llm: None)
+    monkeypatch.setattr(ds, "load_checked", lambda *a, **k: dict(report))
+    monkeypatch.setattr(ds, "probe_al", lambda *a, **k: None)  # nothing drafted
+    monkeypatch.setattr(ds, "roll_back", lambda *a, **k: ("restored", True))
+    with pytest.raises(ds.DraftSwapError) as e:
+        ds.swap_into(object(), "/d", SimpleNamespace(name="eagle3"), [[1, 2]], 1.2)
+    assert e.value.verdict == "error" and "decided" in str(e.value)
+    monkeypatch.setattr(ds, "hash_problems", lambda *a: [])
+    with pytest.raises(ds.DraftSwapError) as e:
+        ds.health_check(object(), None, "/d", [[1, 2]], 1.2)
+    assert e.value.verdict == "error"
+
+
+@pytest.mark.parametrize("key,value", [
+    ("probe_max_tokens", 1), ("probe_max_tokens", 4), ("engine_timeout_s", math.nan),
+    ("engine_timeout_s", -1.0), ("poll_s", 0.0), ("poll_s", math.inf), ("probe_prompts", 0),
+    ("min_probe_drafts", 0)])
+def test_refresh_numbers_are_validated(key, value):
+    # N1 (probe_max_tokens was never validated) and N11 (NaN and negative numbers)
+    cfg = RefreshConfig(**{key: value})
+    with pytest.raises(ConfigError, match=f"refresh.{key}"):
+        cfg.check(k=3)
+    RefreshConfig().check(k=3)
+
+
+def test_the_server_refuses_numbers_it_cannot_honour(fakes):
+    # N11: pause_wait_s=NaN waited forever holding the lock; no cap on the probes
+    for bad in ({"pause_wait_s": "nan"}, {"probe_timeout_s": -1}, {"wait_s": "inf"},
+                {"probes": [[1, 2]] * 65}, {"probes": [[1] * 9000]}, {"min_al": "nan"}):
+        out = _swap(Engine(), _body(fakes.draft, **bad))
+        assert out["verdict"] == "refused" and out["ok"] is False, (bad, out)
+    assert fakes.log == []
