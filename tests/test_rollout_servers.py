@@ -117,7 +117,9 @@ def test_unreachable_timeout_and_http_errors_name_the_engine_and_lose_nothing(ru
     assert stub.seen[-1][2] == SECRET  # every draftkit call carries the secret
     rec = engines.read(DraftStore(run))["engines"]
     assert rec[dead]["status"] == "unreachable"  # none of these decided anything: asked again
-    assert rec[stub.url]["status"] == "behind" and not watch_mod._settled(rec[stub.url], "v0002")
+    assert rec[stub.url]["status"] == "behind" and rec[stub.url]["retry_at"] > time.time()
+    assert watch_mod._settled(rec[stub.url], "v0002")  # N7: backs off, with jitter ...
+    assert not watch_mod._settled({**rec[stub.url], "retry_at": 0}, "v0002")  # ... then again
     events = [x["event"] for x in DraftStore(run).events()]
     assert events.count("engine_swap_failed") == 5
 

@@ -125,7 +125,7 @@ def _consistent(world) -> dict:
     rec = engines.read(store)["engines"][url]
     st = rollout_client.state(url)
     assert (st.get("txn") or {}).get("state") in rollout_client.DONE  # nothing half-done
-    assert rec["version"] == st["weight_version"], (rec, st)  # engines.json = the engine
+    assert rec["version"] == st["draft_version"], (rec, st)  # engines.json = the engine
     assert _check(url, store.root / rec["version"])  # serves exactly what it reports
     assert rec["version"] in GOOD  # a checked draft: never the zeroed one
     assert all(store.failure(v) is None for v in GOOD)  # no good version condemned
@@ -174,7 +174,7 @@ def test_a_killed_client_leaves_no_unchecked_draft(world, at):
     done = _wait_done(url)
     print(f"killed at {seen}; the server finished: {done['state']} {done['verdict']}")
     assert done["state"] == "rolled_back" and done["verdict"] == "failed" and done["restored"]
-    assert rollout_client.state(url)["weight_version"] == "v0001"
+    assert rollout_client.state(url)["draft_version"] == "v0001"
     assert _check(url, world["store"].root / "v0001")
     assert _tick(world, "v0001")["status"] == "serving"
 

@@ -333,6 +333,12 @@ class Watcher:
         """Push the current draft to every engine that does not serve it (module doc)."""
         if not self.engines:
             return
+        try:  # the engines are the source of truth: ask them, judge what a crash left
+            rollout_servers.observe(self.store, self.engines)
+            with self.store.push_lock(self.cfg.refresh.engine_timeout_s):
+                rollout_servers.settle(self.store, self.engines)
+        except Exception as e:  # noqa: BLE001 - say, go on: the push below retries
+            self.event("engines_observe_failed", detail=f"{type(e).__name__}: {str(e)[:500]}")
         record = rollout_servers.read(self.store)["engines"]
         current = self.store.current() or "export"
         todo = [u for u in self.engines if not _settled(record.get(u) or {}, current)]
@@ -393,9 +399,12 @@ def _daemon_lock(root: Path) -> int:
 
 
 def _settled(rec: dict, current: str) -> bool:
-    """The engine serves `current`, or refused it already (asked again for a newer one)."""
+    """The engine serves `current`, or refused it already (asked again for a newer one), or
+    is `behind` on it and waits out its backoff (rollout_servers.backoff)."""
+    waiting = rec.get("status") == "behind" and rec.get("refused") == current and \
+        (rec.get("retry_at") or 0) > time.time()
     return (rec.get("status") == "serving" and rec.get("version") == current) or \
-        (rec.get("status") == "refused" and rec.get("refused") == current)
+        (rec.get("status") == "refused" and rec.get("refused") == current) or waiting
 
 
 def watch(run_dir, checkpoints, rollouts, overrides=None, every=None, al_drop=None,

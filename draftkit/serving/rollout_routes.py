@@ -14,10 +14,12 @@ authenticated even with `--api-key` (its middleware guards /v1, /v2, /inference,
 these routes need neither, and the weight-transfer engine refuses updates without the secret
 whichever route sent them.
 
-  GET  /draftkit/state   {"weight_version", "drafter_path", "transfer", "txn": the latest
-       transaction's record (state, verdict, al, error, ...)}; with ?txn=ID (or ?txn=last)
-       only {"txn": that record}, asking the engine nothing
-  POST /draftkit/check   {"directory", "kind"} -> {"hash_problems", "weight_version"}
+  GET  /draftkit/state   {"draft_version" (the name of the dir the drafter came from),
+       "drafter_path", "boot_id" (drawn once per engine boot), "transfer", "weight_version"
+       (vLLM's: the policy's, never set by draftkit), "txn": the latest transaction's record
+       (state, verdict, al, error, ...)}; with ?txn=ID (or ?txn=last) only {"txn": that
+       record}, asking the engine nothing
+  POST /draftkit/check   {"directory", "kind"} -> {"hash_problems", "draft_version"}
   POST /draftkit/swap    {"directory", "kind", "candidates", "version", "reload_held", "probes",
                           "min_al", "max_tokens", "probe_timeout_s", "pause_wait_s", "txn",
                           "wait_s"}
@@ -151,13 +153,14 @@ class DraftkitEndpoints:
 
     async def _state(self, adapter: EngineAdapter, body: dict) -> tuple[int, dict]:
         if body.get("txn"):  # a transaction's outcome ("last": the latest): no engine call
-            return 200, {"ok": True, "txn": self.txns.get(None if body["txn"] == "last"
-                                                          else body["txn"])}
+            return 200, {"ok": True, "txn": _signed(self.txns.get(
+                None if body["txn"] == "last" else body["txn"]))}
 
         def work():
-            return {"ok": True, "weight_version": ds.weight_version(adapter),
-                    "drafter_path": ds.drafter_path(adapter),
-                    "transfer": ds.transfer_path(adapter)}
+            path = ds.drafter_path(adapter)
+            return {"ok": True, "draft_version": ds.version_name(path), "drafter_path": path,
+                    "boot_id": ds.boot_id(adapter), "transfer": ds.transfer_path(adapter),
+                    "weight_version": ds.weight_version(adapter)}  # the policy's, not the draft's
         status, out = await _in_thread(work)
         return status, {**out, "txn": self.txns.get()}
 
@@ -169,7 +172,7 @@ class DraftkitEndpoints:
         def work():
             problems = ds.hash_problems(adapter, args["kind"], args["directory"])
             return {"ok": not problems, "hash_problems": problems[:10],
-                    "weight_version": ds.weight_version(adapter),
+                    "draft_version": ds.draft_version(adapter),
                     "drafter_path": ds.drafter_path(adapter)}
         return await _in_thread(work)
 
@@ -186,7 +189,12 @@ class DraftkitEndpoints:
         status = {"committed": 200, "refused": 409, "error": 500}.get(rec["state"], 202)
         if rec["state"] == "rolled_back":
             status = 409 if rec.get("verdict") == "failed" else 500
-        return status, {"ok": rec["state"] == "committed", **rec}
+        return status, {"ok": rec["state"] == "committed", **_signed(rec)}
+
+
+def _signed(rec: dict | None) -> dict | None:
+    """The record with its `sig` (drafter_swap.record_sig): the client accepts no other."""
+    return None if rec is None else {**rec, "sig": ds.record_sig(rec, os.environ[SECRET_ENV])}
 
 
 def _swap_args(body: dict, probe: bool = False) -> dict | str:
