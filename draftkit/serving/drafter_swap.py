@@ -424,7 +424,8 @@ def load_checked(llm, kind, directory: str | Path, candidates: list[str | Path] 
     state = begin(llm, kind, directory, candidates)
     report = {"directory": directory, "version": version, "path": transfer_path(llm),
               "previous": state["previous"], "previous_version": state["previous_version"],
-              "held": state["held"], "hash_problems": [], "loaded": False, "swap_s": 0.0}
+              "held": state["held"], "hash_problems": [], "loaded": False, "swap_s": 0.0,
+              "boot_id": boot_id(llm)}
     if not reload_held and not diff(kind.engine_view(Path(directory)), state["held"]):
         return report
     try:
