@@ -85,3 +85,112 @@ def test_the_server_refuses_numbers_it_cannot_honour(fakes):
         out = _swap(Engine(), _body(fakes.draft, **bad))
         assert out["verdict"] == "refused" and out["ok"] is False, (bad, out)
     assert fakes.log == []
+
+
+# ------------------------------------------------------------- N8: the server's state file
+
+
+def _save_many(state_dir: str, who: str, n: int, base: float) -> None:
+    """One API process of a server (its own OS process) saving `n` transaction records."""
+    import os
+
+    from draftkit.serving import swap_txn
+
+    os.environ["DRAFTKIT_STATE_DIR"] = state_dir
+    txns = swap_txn.Transactions("8000")
+    for i in range(n):
+        txns._save({"txn": f"{who}-{i}", "state": "queued", "started": base + i})
+
+
+def test_two_api_processes_in_two_os_processes_lose_no_record(tmp_path):
+    # N8 and the weak test_swap_txn two-processes test (one event loop, so no race could
+    # happen): the state file was read-modify-written without a lock, so one API process's
+    # write dropped a record the other had just saved. b's 10 records are the newest (always
+    # kept); a writes 400 older ones at the same time
+    import multiprocessing as mp
+    import os
+
+    from draftkit.serving import swap_txn
+
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_save_many, args=(str(tmp_path), "a", 400, 0.0)),
+             ctx.Process(target=_save_many, args=(str(tmp_path), "b", 10, 1e9))]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    os.environ["DRAFTKIT_STATE_DIR"] = str(tmp_path)
+    try:
+        saved = swap_txn.Transactions("8000")._load()
+    finally:
+        del os.environ["DRAFTKIT_STATE_DIR"]
+    assert {f"b-{i}" for i in range(10)} <= set(saved), sorted(saved)
+
+
+def test_the_state_lives_in_a_private_directory(tmp_path, monkeypatch):
+    # N8: the state file lived in the shared /tmp, where another user can pre-create or read it
+    import os
+    import tempfile
+
+    from draftkit.serving import swap_txn
+
+    monkeypatch.delenv("DRAFTKIT_STATE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = swap_txn.state_dir()
+    assert path.parent == tmp_path and (path.stat().st_mode & 0o777) == 0o700
+    path.chmod(0o777)  # someone opened it up
+    with pytest.raises(ds.DraftSwapError, match="private"):
+        swap_txn.state_dir()
+    assert os.stat(path).st_mode & 0o777 == 0o777
+
+
+def test_a_restart_ends_unfinished_records_and_an_error_keeps_previous(fakes):
+    # N8: unfinished records were kept across restarts, and an error after the load saved
+    # the record from before it (losing `previous`, the draft to put back)
+    import asyncio
+
+    from draftkit.serving import rollout_routes, swap_txn
+
+    old = swap_txn.Transactions("9000")
+    old._save({"txn": "t-old", "state": "probing", "started": 1.0})
+    assert swap_txn.Transactions("9000").end_stale() == ["t-old"]
+    assert swap_txn.Transactions("9000").get("t-old")["verdict"] == "error"
+
+    class Breaks(Engine):
+        async def pause_generation(self, mode="abort", clear_cache=True):
+            if "resume" in self.calls:  # the rollback's pause raises
+                raise RuntimeError("engine dead")
+            await super().pause_generation(mode, clear_cache)
+
+    engine = Breaks(histogram=(10, 0, 0, 0))  # AL 1.0: a rollback
+
+    async def scenario():
+        txns = swap_txn.Transactions("9001")
+        adapter = rollout_routes.EngineAdapter(engine, asyncio.get_running_loop())
+        args = rollout_routes._swap_args(_body(fakes.draft), probe=True)
+        _, task = txns.start(adapter, {**args, "txn": "t-err"})
+        return await task
+
+    rec = asyncio.run(scenario())
+    assert rec["verdict"] == "error" and "engine dead" in rec["error"]
+    assert rec["previous"].endswith("v0001") and rec["previous_version"] == "v0001"
+
+
+def test_a_pause_taken_during_the_probe_is_left_alone(fakes):
+    # weak test_swap_txn pause test (only a pause taken before the swap): a policy sync that
+    # pauses while the probe runs stalls it; the rollback runs inside that pause, leaves it
+    # paused, and the verdict is undecided
+    class PausedMidProbe(Engine):
+        async def generate(self, prompt, params, request_id):
+            self.paused = True  # another client's pause, after draftkit resumed
+            async for out in super().generate(prompt, params, request_id):
+                yield out
+
+    engine = PausedMidProbe()
+    engine.probe_delay = 2.0
+    out = _swap(engine, _body(fakes.draft, txn="t-mid", probe_timeout_s=0.3))
+    assert out["state"] == "rolled_back" and out["verdict"] == "error", out
+    assert [c for c in engine.calls if c.startswith(("pause", "resume"))] == [
+        "pause keep", "resume"]  # draftkit's own, before the probe; none around the rollback
+    assert engine.paused is True and fakes.log[-1] == "roll_back v0001"

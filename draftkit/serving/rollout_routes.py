@@ -144,7 +144,10 @@ class DraftkitEndpoints:
     async def init_state(self, engine_client, state, args) -> None:
         port = getattr(args, "port", None)
         if port is not None and not self.txns.tasks:  # API processes of one server share it
-            self.txns = swap_txn.Transactions(str(port))
+            boot = await _boot_id(engine_client)  # a restarted engine gets a fresh file
+            self.txns = swap_txn.Transactions(f"{port}-{boot}" if boot else str(port))
+            if ended := self.txns.end_stale():
+                log.warning("draftkit: ended %d swap transactions a restart left", len(ended))
         if not os.environ.get(SECRET_ENV):
             log.warning("draftkit: %s is not set: the /draftkit routes refuse every request",
                         SECRET_ENV)
@@ -195,6 +198,16 @@ class DraftkitEndpoints:
 def _signed(rec: dict | None) -> dict | None:
     """The record with its `sig` (drafter_swap.record_sig): the client accepts no other."""
     return None if rec is None else {**rec, "sig": ds.record_sig(rec, os.environ[SECRET_ENV])}
+
+
+async def _boot_id(engine_client) -> str | None:
+    """The engine's boot id (drafter_swap.DrafterSwap.draftkit_boot_id), None if it cannot
+    say within 30 s."""
+    try:
+        ids = await asyncio.wait_for(engine_client.collective_rpc("draftkit_boot_id"), 30)
+        return str(ids[0]) if ids and re.fullmatch(r"[0-9a-f]{1,32}", str(ids[0])) else None
+    except Exception:  # noqa: BLE001 - no extension, an older engine: keyed by port only
+        return None
 
 
 def _swap_args(body: dict, probe: bool = False) -> dict | str:

@@ -55,7 +55,20 @@ PROBE_PRIORITY = -(1 << 30)  # `--scheduling-policy priority`: lower runs first,
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("DRAFTKIT_STATE_DIR") or tempfile.gettempdir())
+    """Where the swap lock and state file live: DRAFTKIT_STATE_DIR, else a directory of this
+    user's in the temp dir (mode 0700; refused if another user owns it or others can write it:
+    a shared /tmp lets anyone pre-create or read the state)."""
+    if os.environ.get("DRAFTKIT_STATE_DIR"):
+        return Path(os.environ["DRAFTKIT_STATE_DIR"])
+    path = Path(tempfile.gettempdir()) / f"draftkit-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = path.lstat()
+    if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise DraftSwapError(f"{path} is not a private directory of this user (owner uid "
+                             f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}): remove it, or set "
+                             "DRAFTKIT_STATE_DIR to a directory only this user can write")
+    return path
 
 
 async def uncancellable(fut):
@@ -94,10 +107,21 @@ class Transactions:
 
     # --------------------------------------------------------------------------- records
 
+    @contextlib.contextmanager
+    def _state_lock(self):
+        """The state file's own lock (short: one read-modify-write; the swap lock is held by a
+        whole transaction)."""
+        fd = os.open(self.state_path.with_suffix(".state-lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def _save(self, rec: dict) -> dict:
         rec["updated"] = time.time()
         self.records[rec["txn"]] = rec
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), self._state_lock():
             saved = self._load()
             saved[rec["txn"]] = rec
             keep = dict(sorted(saved.items(), key=lambda kv: kv[1].get("started", 0))[-20:])
@@ -106,6 +130,18 @@ class Transactions:
             tmp.write_text(json.dumps({"txns": keep}, default=str))
             os.replace(tmp, self.state_path)
         return rec
+
+    def end_stale(self) -> list[str]:
+        """At start: a record left unfinished by an earlier boot (its task died with it) is
+        ended as `error` (nothing decided; the engine reports what it serves). Returns them."""
+        ended = []
+        for txn, rec in self._load().items():
+            if rec.get("state") not in DONE and txn not in self.tasks:
+                self._save({**rec, "state": "error", "verdict": "error", "finished": time.time(),
+                            "error": "the server restarted before this transaction ended; "
+                                     "nothing was decided"})
+                ended.append(txn)
+        return ended
 
     def _load(self) -> dict:
         try:
@@ -141,6 +177,7 @@ class Transactions:
             async with self.lock, self._file_lock(rec):
                 return await self._transact(adapter, args, rec)
         except Exception as e:  # noqa: BLE001 - the record says what broke
+            rec = self.records.get(rec["txn"], rec)  # the latest: `previous` kept after a load
             return self._save({**rec, "state": "error", "verdict": "error",
                                "error": f"{type(e).__name__}: {str(e)[:500]}",
                                "finished": time.time()})
@@ -154,8 +191,7 @@ class Transactions:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    self._save({**rec, "state": "queued"})
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # still `queued`, as saved by start()
             yield
         finally:
             os.close(fd)
