@@ -134,7 +134,7 @@ def test_no_secret_fails_before_any_call(run, stub, monkeypatch):
 def _fake_swaps(monkeypatch, verdicts: dict):
     """rollout_client.swap_engine stand-in: each URL passes (None) or fails with a verdict."""
     def swap_engine(url, directory, kind, probes, min_al, max_tokens, timeout, candidates,
-                    version, reload_held, min_drafts=8):
+                    version, reload_held, min_drafts=8, weights=None):
         assert probes == [[1, 2, 3], [4, 5, 6]] and min_al > 1.0
         if verdicts[url] is None:
             return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,

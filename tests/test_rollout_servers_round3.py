@@ -283,3 +283,19 @@ def test_the_secret_never_goes_to_a_proxy_and_a_forged_verdict_decides_nothing(
     with pytest.raises(rollout_client.EngineError, match="not bound"):  # a stale listener
         rollout_client.swap_engine(stub.url, DraftStore(run).root / "v0002", "eagle3",
                                    [[1, 2, 3]], 1.2, 8, 1.0)
+
+
+def test_a_push_sends_the_digests_recorded_at_publish(run, monkeypatch):
+    # N11: the server's check had nothing recorded at publish to compare the files with
+    store = DraftStore(run)
+    sent = []
+
+    def swap_engine(url, directory, *a, **k):
+        sent.append(a[-1])
+        return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
+                "path": "native"}
+    monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
+    engines.push(run, [A], store.root / "v0002")
+    want = store.lineage("v0002")["weights"]
+    assert sent == [want] and list(want) == ["model.safetensors"] and len(want[
+        "model.safetensors"]) == 64

@@ -5,10 +5,12 @@ loopback. Each test names its finding (N1 ... N11); each failed on da386a3."""
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
 import pytest
+import torch
 from test_swap_txn import OK, Engine, _app, _body, fakes  # noqa: F401 - fakes is a fixture
 
 from draftkit.core.config import ConfigError, RefreshConfig
@@ -194,3 +196,113 @@ def test_a_pause_taken_during_the_probe_is_left_alone(fakes):
     assert [c for c in engine.calls if c.startswith(("pause", "resume"))] == [
         "pause keep", "resume"]  # draftkit's own, before the probe; none around the rollback
     assert engine.paused is True and fakes.log[-1] == "roll_back v0001"
+
+
+# ---------------------------------------------------------------------- N11: the limits
+
+
+def test_the_server_loads_only_from_its_draft_roots(fakes, monkeypatch):
+    # N11: no allow-list: any directory the server could read was loaded
+    from draftkit.serving import rollout_routes
+
+    monkeypatch.setenv(rollout_routes.ROOTS_ENV, str(fakes.tmp / "elsewhere"))
+    out = _swap(Engine(), _body(fakes.draft))
+    assert out["verdict"] == "refused" and rollout_routes.ROOTS_ENV in out["error"]
+    assert fakes.log == []
+    monkeypatch.setenv(rollout_routes.ROOTS_ENV, str(fakes.tmp))
+    assert _swap(Engine(), _body(fakes.draft))["verdict"] == "passed"
+
+
+def test_a_hung_engine_call_ends_the_transaction(fakes, monkeypatch):
+    # N11: no timeouts on is_paused / pause / resume: a hung engine held the lock for ever
+    import asyncio
+
+    from draftkit.serving import swap_txn
+
+    class Hangs(Engine):
+        async def is_paused(self):
+            await asyncio.sleep(3600)
+
+    monkeypatch.setattr(swap_txn, "ENGINE_CALL_S", 0.2)
+    out = _swap(Hangs(), _body(fakes.draft))
+    assert out["verdict"] == "error" and "is_paused did not answer" in out["error"]
+    assert fakes.log == []
+
+
+def test_a_timed_out_rpc_is_cancelled_and_leaves_no_update_active(monkeypatch):
+    # N11: the 300 s RPC timeout did not cancel the call (the rollback then hit "update
+    # already active"), and a native update that raised left its session open
+    import asyncio
+    import threading
+
+    from draftkit.serving import rollout_routes
+
+    monkeypatch.setattr(rollout_routes, "RPC_TIMEOUT_S", 0.2)
+    cancelled = threading.Event()
+
+    class Slow:
+        async def collective_rpc(self, method, args=(), kwargs=None):
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    async def scenario():
+        adapter = rollout_routes.EngineAdapter(Slow(), asyncio.get_running_loop())
+        with pytest.raises(TimeoutError, match="cancelled"):
+            await asyncio.to_thread(adapter.collective_rpc, "draftkit_drafter_hashes")
+        await asyncio.sleep(0.1)
+
+    asyncio.run(scenario())
+    assert cancelled.is_set()
+
+    calls = []
+
+    class Native:
+        def start_draft_weight_update(self):
+            calls.append("start")
+
+        def update_weights(self, request):
+            raise TimeoutError("an engine call did not answer")
+
+        def finish_weight_update(self, weight_version=None):
+            calls.append(("finish", weight_version))
+
+    with pytest.raises(TimeoutError):
+        ds.native_load(Native(), "/d")
+    assert calls == ["start", ("finish", None)]  # closed; N10: no weight version set
+
+
+def test_the_secret_is_in_no_repr_log_or_record(fakes, caplog, tmp_path):
+    # N11: the secret appeared in DraftkitUpdateInfo's repr (vLLM logs update requests)
+    import logging
+
+    from draftkit.serving.weight_transfer import DraftkitUpdateInfo
+    from test_swap_txn import SECRET
+
+    assert SECRET not in repr(DraftkitUpdateInfo(directory="/d", secret=SECRET))
+    with caplog.at_level(logging.DEBUG):
+        out = _swap(Engine(histogram=(10, 0, 0, 0)), _body(fakes.draft, txn="t-s"))
+    assert out["verdict"] == "failed"
+    seen = caplog.text + json.dumps(out) + "".join(
+        p.read_text(errors="replace") for p in (fakes.tmp / "state").iterdir() if p.is_file())
+    assert SECRET not in seen and len(caplog.records) > 0
+
+
+def test_files_changed_since_publish_are_refused_before_loading(fakes):
+    # N11: the hash check compared the engine with a second read of the directory, so a
+    # draft whose files were replaced after publish passed as the published version
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(2)}, str(fakes.draft / "model.safetensors"))
+    digest = hashlib.sha256((fakes.draft / "model.safetensors").read_bytes()).hexdigest()
+    save_file({"w": torch.zeros(2)}, str(fakes.draft / "model.safetensors"))  # edited later
+    out = _swap(Engine(), _body(fakes.draft, weights={"model.safetensors": digest}))
+    assert out["verdict"] == "refused" and "changed since it was published" in out["error"]
+    assert fakes.log == []
+    save_file({"w": torch.ones(2)}, str(fakes.draft / "model.safetensors"))
+    assert _swap(Engine(), _body(fakes.draft, weights={"model.safetensors": digest}))[
+        "verdict"] == "passed"

@@ -273,8 +273,9 @@ class DraftStore:
 
     def publish(self, version: str, write, lineage: dict) -> Path:
         """Build `version` with write(tmp_dir, final_dir), sync its files to disk, then write
-        lineage.json (what makes it a version), then rename: a crash never leaves a version
-        whose lineage is on disk and whose weights are not."""
+        lineage.json (what makes it a version; `weights`: the sha256 of each *.safetensors, which
+        a swap checks the files against before it loads), then rename: a crash never leaves a
+        version whose lineage is on disk and whose weights are not."""
         final = self.root / version
         with artifacts.atomic_dir(final) as tmp:
             write(tmp, final)
@@ -282,7 +283,8 @@ class DraftStore:
                 if f.is_file() and not f.is_symlink():
                     _fsync_file(f)
             _fsync_dir(tmp)
-            artifacts.write_json_atomic(tmp / LINEAGE, lineage)
+            weights = {f.name: artifacts.sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}
+            artifacts.write_json_atomic(tmp / LINEAGE, {**lineage, "weights": weights})
             _fsync_dir(tmp)
         _fsync_dir(self.root)
         return final

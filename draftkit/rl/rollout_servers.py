@@ -106,21 +106,24 @@ def push(run_dir, urls: list[str], draft: str | Path | None = None,
             raise DraftkitError(f"{version} is marked failed ({failed.get('reason', '')[:200]}); "
                                 "nothing was pushed. Refresh again, or push a good version")
         probes = refresher.probes(store.version_of(directory))
+        weights = store.lineage(version).get("weights") if store.version_of(directory) else None
         candidates = [store.root / v for v in reversed(store.versions())]
         candidates.append(artifacts.RunPaths(store.run).export)
         for url in urls:
-            results[url] = _one(store, url, directory, version, cfg, probes, candidates,
-                                reload_held)
+            results[url] = _one(store, url, directory, version, cfg, (probes, weights),
+                                candidates, reload_held)
         _judge(store, version, results)
     return results
 
 
-def _one(store, url, directory, version, cfg, probes, candidates, reload_held) -> dict:
-    rc, now = cfg.refresh, time.strftime("%Y-%m-%dT%H:%M:%S%z")
+def _one(store, url, directory, version, cfg, check, candidates, reload_held) -> dict:
+    """Swap into one engine (`check`: the probes and the published digests) and record it."""
+    (probes, weights), rc = check, cfg.refresh
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
         rep = rollout_client.swap_engine(url, directory, cfg.draft.kind, probes, rc.min_probe_al,
                                          rc.probe_max_tokens, rc.engine_timeout_s, candidates,
-                                         version, reload_held, rc.min_probe_drafts)
+                                         version, reload_held, rc.min_probe_drafts, weights)
         rec = {"version": version, "directory": str(directory), "status": "serving",
                "verdict": "passed", "al": rep["al"], "swap_s": rep["swap_s"],
                "pause_s": rep["pause_s"], "probe_s": rep["probe_s"],

@@ -125,6 +125,20 @@ def record_sig(rec: dict, secret: str) -> str:
     return hmac.new(secret.encode(), body.encode(), hashlib.sha256).hexdigest()
 
 
+def file_problems(directory: str | Path, weights: dict[str, str] | None) -> list[str]:
+    """Files of `directory` whose sha256 differs from `weights` (the digests recorded when it
+    was published; {} or None: nothing to compare). The hash check after a load compares the
+    engine with the files; this compares the files with what was published."""
+    problems = []
+    for name, digest in (weights or {}).items():
+        path = Path(directory, Path(name).name)
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            problems.append(f"{name} changed since it was published")
+    return problems
+
+
 def read_draft(directory: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's *.safetensors files (FileNotFoundError if none)."""
     from safetensors.torch import load_file
@@ -255,8 +269,15 @@ def native_load(llm, directory: str | Path) -> None:
     engine's weight version (the policy's) is left as it is. vLLM's worker closes the session
     itself when update_weights raises."""
     llm.start_draft_weight_update()
-    llm.update_weights({"update_info": {"directory": str(directory),
-                                        "secret": os.environ.get(SECRET_ENV, "")}})
+    try:
+        llm.update_weights({"update_info": {"directory": str(directory),
+                                            "secret": os.environ.get(SECRET_ENV, "")}})
+    except BaseException:  # a timed-out or cancelled call: no update is left active
+        try:
+            llm.finish_weight_update()
+        except Exception:  # noqa: BLE001, S110 - closed already (vLLM closes on a raise)
+            pass
+        raise
     llm.finish_weight_update()
 
 

@@ -174,18 +174,19 @@ def state(url: str, timeout: float = 30.0, txn: str | None = None) -> dict:
 def swap_engine(url: str, directory: str | Path, kind: str, probes: list[list[int]],
                 min_al: float, max_tokens: int, timeout: float, candidates=(),
                 version: str | None = None, reload_held: bool = True,
-                min_drafts: int = MIN_DRAFTS) -> dict:
+                min_drafts: int = MIN_DRAFTS, weights: dict | None = None) -> dict:
     """Start the swap transaction of `directory` on the engine at `url` and return its
     report once committed, or raise EngineError with the server's verdict (module doc).
     `reload_held=False`: an engine already holding these tensors is not reloaded (a check
-    after a sleep/wake reloads only a draft that was lost); it is probed all the same."""
+    after a sleep/wake reloads only a draft that was lost); it is probed all the same.
+    `weights`: the version's published digests (lineage.json), checked before the load."""
     require_check(probes, min_al)
     directory = os.path.realpath(directory)
     txn, pause_wait = uuid.uuid4().hex, min(PAUSE_WAIT_S, timeout)
     body = {"directory": directory, "kind": kind, "version": version or version_name(directory),
             "candidates": [os.path.realpath(c) for c in candidates], "reload_held": reload_held,
             "probes": probes, "min_al": min_al, "max_tokens": max_tokens, "txn": txn,
-            "min_drafts": min_drafts,
+            "min_drafts": min_drafts, "weights": weights or {},
             "probe_timeout_s": timeout, "pause_wait_s": pause_wait, "wait_s": timeout}
     deadline = time.monotonic() + 2 * timeout + pause_wait  # the server's longest transaction
     try:

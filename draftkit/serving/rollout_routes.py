@@ -21,8 +21,9 @@ whichever route sent them.
        record}, asking the engine nothing
   POST /draftkit/check   {"directory", "kind"} -> {"hash_problems", "draft_version"}
   POST /draftkit/swap    {"directory", "kind", "candidates", "version", "reload_held", "probes",
-                          "min_al", "max_tokens", "probe_timeout_s", "pause_wait_s", "txn",
-                          "wait_s"}
+                          "min_al", "max_tokens", "min_drafts", "probe_timeout_s",
+                          "pause_wait_s", "txn", "wait_s", "weights" (file -> sha256 at
+                          publish: files that differ are refused before anything loads)}
        one transaction on the server (swap_txn.py): wait out a pause draftkit did not take
        (else refused) -> pause (mode keep: requests wait, none is dropped) -> load (vLLM's
        native draft update) -> tensor hashes against the dir's published tensors -> resume
@@ -64,7 +65,15 @@ class EngineAdapter:
         self.engine, self.loop = engine_client, loop
 
     def _wait(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(RPC_TIMEOUT_S)
+        """The call's result within RPC_TIMEOUT_S; past it the call is cancelled (not left
+        running on the loop) and TimeoutError raised."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(RPC_TIMEOUT_S)
+        except TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"an engine call did not answer within {RPC_TIMEOUT_S:g}s; it "
+                               "was cancelled") from None
 
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None):
         return self._wait(self.engine.collective_rpc(method, args=args, kwargs=kwargs))
@@ -151,6 +160,9 @@ class DraftkitEndpoints:
         if not os.environ.get(SECRET_ENV):
             log.warning("draftkit: %s is not set: the /draftkit routes refuse every request",
                         SECRET_ENV)
+        if not os.environ.get(ROOTS_ENV):
+            log.warning("draftkit: %s is not set: a swap may load a draft from any directory "
+                        "this server can read (set it to the runs' directories)", ROOTS_ENV)
 
     # ------------------------------------------------------------------------- handlers
 
@@ -210,6 +222,17 @@ async def _boot_id(engine_client) -> str | None:
         return None
 
 
+ROOTS_ENV = "DRAFTKIT_DRAFT_ROOTS"  # the server's allow-list: draft roots, os.pathsep-separated
+
+
+def allowed(directory: str) -> bool:
+    """`directory` (resolved) lies under one of DRAFTKIT_DRAFT_ROOTS (resolved); any when the
+    variable is unset (init_state warns)."""
+    roots = [r for r in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if r]
+    path = Path(os.path.realpath(directory))
+    return not roots or any(path.is_relative_to(os.path.realpath(r)) for r in roots)
+
+
 def _swap_args(body: dict, probe: bool = False) -> dict | str:
     """Validated arguments of /check and /swap (`probe`: with the probe's), or what is wrong
     with them."""
@@ -217,11 +240,14 @@ def _swap_args(body: dict, probe: bool = False) -> dict | str:
     if not isinstance(directory, str) or not Path(directory, "config.json").is_file():
         return (f"directory={directory!r} is not a draft dir this server can read (no "
                 "config.json there): the trainer and the server must share the filesystem")
+    if not allowed(directory):
+        return (f"directory={directory!r} is outside this server's draft roots ({ROOTS_ENV}="
+                f"{os.environ.get(ROOTS_ENV)!r}): add the run's directory to it and restart")
     try:
         kind = kinds.get(body.get("kind") or DEFAULT_KIND)
     except Exception as e:  # noqa: BLE001 - an unknown kind name
         return f"kind: {e}"
-    candidates = [c for c in body.get("candidates") or [] if isinstance(c, str)]
+    candidates = [c for c in body.get("candidates") or [] if isinstance(c, str) and allowed(c)]
     args = {"directory": directory, "kind": kind, "candidates": candidates,
             "version": body.get("version"), "reload_held": bool(body.get("reload_held", True))}
     return _probe_args(body, args) if probe else args
@@ -253,11 +279,15 @@ def _probe_args(body: dict, args: dict) -> dict | str:
             return f"{key}={nums[key]} must be a finite number in [{low:g}, {high:g}]"
     if not math.isfinite(float(body["min_al"])):
         return f"min_al={body['min_al']} must be finite"
+    weights = body.get("weights") or {}
+    if not isinstance(weights, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weights.items()):
+        return "weights must map file names to sha256 digests (the version's lineage.json)"
     txn = body.get("txn")
     if txn is not None and not (isinstance(txn, str) and re.fullmatch(r"[\w-]{1,64}", txn)):
         return "txn must be 1-64 letters, digits, _ or -"
     return {**args, **nums, "max_tokens": int(nums["max_tokens"]),
-            "min_drafts": int(nums["min_drafts"]), "probes": probes,
+            "min_drafts": int(nums["min_drafts"]), "probes": probes, "weights": weights,
             "min_al": float(body["min_al"]), "txn": txn}
 
 

@@ -51,6 +51,7 @@ from draftkit.serving.drafter_swap import DraftSwapError
 
 DONE = ("committed", "rolled_back", "refused", "error")
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics summary"
+ENGINE_CALL_S = 120.0  # is_paused / is_sleeping / pause / resume: each answers within this
 PROBE_PRIORITY = -(1 << 30)  # `--scheduling-policy priority`: lower runs first, ahead of rollouts
 
 
@@ -205,11 +206,15 @@ class Transactions:
                 " (draftkit.serving.serve.command adds it)"))
         if (unfit := probe_misfit(engine, args)) is not None:
             return self._end(rec, "refused", "refused", error=unfit)
+        if bad := await asyncio.to_thread(ds.file_problems, args["directory"], args["weights"]):
+            return self._end(rec, "refused", "refused", error=(
+                f"{args['directory']}: {'; '.join(bad[:3])} (its lineage.json's digests): "
+                "nothing was loaded. Publish a new version instead of editing one"))
         if (busy := await self._wait_unpaused(engine, args["pause_wait_s"])) is not None:
             return self._end(rec, "refused", "refused", error=busy)
         rec = self._save({**rec, "state": "loading"})
         t0, paused_at = time.perf_counter(), time.time()
-        await engine.pause_generation(mode="keep", clear_cache=False)
+        await _bounded(engine.pause_generation(mode="keep", clear_cache=False), "pause")
         try:
             report = await uncancellable(asyncio.to_thread(
                 ds.load_checked, adapter, args["kind"], args["directory"], args["candidates"],
@@ -218,7 +223,7 @@ class Transactions:
             return self._end(rec, "rolled_back" if e.verdict != "refused" else "refused",
                              e.verdict, error=str(e), previous=e.previous, restored=e.restored)
         finally:
-            await engine.resume_generation()
+            await _bounded(engine.resume_generation(), "resume")
         held = report.pop("held")
         rec = self._save({**rec, **report, "state": "probing", "pause_s": time.perf_counter() - t0,
                           "paused_at": paused_at})
@@ -263,14 +268,14 @@ class Transactions:
         engine = adapter.engine
         foreign = await _ask(engine, "is_paused")  # paused by someone else meanwhile: keep it
         if not foreign:
-            await engine.pause_generation(mode="keep", clear_cache=False)
+            await _bounded(engine.pause_generation(mode="keep", clear_cache=False), "pause")
         try:
             state, restored = await uncancellable(asyncio.to_thread(
                 ds.roll_back, adapter, args["kind"], rec["previous"], held,
                 rec["previous_version"]))
         finally:
             if not foreign:
-                await engine.resume_generation()
+                await _bounded(engine.resume_generation(), "resume")
         return self._end(rec, "rolled_back", verdict, restored=restored, error=(
             f"swap to {rec['directory']} failed its check: {why}; the previous draft "
             f"{rec['previous']} is {state}. Outputs were never wrong (verification is "
@@ -283,7 +288,17 @@ class Transactions:
 
 async def _ask(engine, method: str) -> bool:
     call = getattr(engine, method, None)
-    return bool(await call()) if call is not None else False
+    return bool(await _bounded(call(), method)) if call is not None else False
+
+
+async def _bounded(coro, what: str):
+    """An engine call that must answer within ENGINE_CALL_S (TimeoutError naming it): a hung
+    engine never holds the swap lock for ever."""
+    try:
+        return await asyncio.wait_for(coro, ENGINE_CALL_S)
+    except (asyncio.TimeoutError, TimeoutError):
+        raise TimeoutError(f"the engine's {what} did not answer within {ENGINE_CALL_S:g}s") \
+            from None
 
 
 def per_request_metrics(engine) -> bool:
