@@ -3,7 +3,7 @@
 that a trainer swaps drafts into running servers with no dev mode and behind a secret.
 
     DRAFTKIT_SWAP_SECRET=... VLLM_PLUGINS=draftkit vllm serve TARGET --host 10.0.0.5 \
-        --speculative-config "$(cat runs/rl/drafts/current/speculative_config.json)" \
+        --speculative-config "$(cat runs/rl/drafts/checked/speculative_config.json)" \
         --worker-extension-cls draftkit.serving.drafter_swap.DrafterSwap \
         --weight-transfer-config '{"backend": "draftkit"}'
 
