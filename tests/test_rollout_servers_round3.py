@@ -299,3 +299,15 @@ def test_a_push_sends_the_digests_recorded_at_publish(run, monkeypatch):
     want = store.lineage("v0002")["weights"]
     assert sent == [want] and list(want) == ["model.safetensors"] and len(want[
         "model.safetensors"]) == 64
+
+
+def test_draftkit_swap_asks_the_engines_first(run, stub, monkeypatch):
+    # N6: `draftkit swap` trusted engines.json as the watch did
+    store = DraftStore(run)
+    stub.reply = (200, {"ok": True, "draft_version": "export", "drafter_path": "/x/export",
+                        "boot_id": "b9", "txn": None})
+    _fake_swaps(monkeypatch, {stub.url: None})
+    engines.swap([stub.url], store.root / "v0002")
+    events = [e["event"] for e in store.events()]
+    assert events.index("engine_observed") < events.index("engine_swapped")
+    assert engines.read(store)["engines"][stub.url]["version"] == "v0002"

@@ -278,9 +278,13 @@ def _brief(error: str, limit: int = 1000) -> str:
 
 
 def swap(urls: list[str], draft: str | Path, overrides: list[str] | None = None) -> dict:
-    """`draftkit swap URL... --draft DIR`: push and print one line per engine."""
+    """`draftkit swap URL... --draft DIR`: ask each engine what it serves (`observe`), then
+    push and print one line per engine."""
+    run = run_of(draft)
+    rollout_client.secret()
+    observe(DraftStore(run), urls)
     try:
-        results = push(run_of(draft), urls, draft, overrides)
+        results = push(run, urls, draft, overrides)
     except EngineSwapError as e:
         _print(e.results)
         raise
