@@ -3,6 +3,7 @@ size), records its progress before each expensive step so a kill (OOM) does not 
 same file or checkpoint, and lives on through a tick that raises (up to TICK_FAILURES in a
 row). Each test failed on da386a3."""
 
+# ruff: noqa: F811 - fixtures imported from a sibling test module are these tests' arguments
 from __future__ import annotations
 
 import json

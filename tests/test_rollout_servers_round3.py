@@ -5,6 +5,7 @@ backs off, and the secret never goes to a proxy or trusts an unsigned verdict. S
 swap client (test_rollout_servers._fake_swaps) and stub HTTP servers on 127.0.0.1. Each test
 names its finding; each failed on da386a3."""
 
+# ruff: noqa: F811 - fixtures imported from a sibling test module are these tests' arguments
 from __future__ import annotations
 
 import json

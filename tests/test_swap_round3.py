@@ -3,6 +3,7 @@ nothing decides nothing; the secret never leaves for a proxy. The server side ru
 FastAPI app with test_swap_txn's stand-in engine; the push side on stub HTTP servers bound to
 loopback. Each test names its finding (N1 ... N11); each failed on da386a3."""
 
+# ruff: noqa: F811 - fixtures imported from a sibling test module are these tests' arguments
 from __future__ import annotations
 
 import json
@@ -278,8 +279,9 @@ def test_the_secret_is_in_no_repr_log_or_record(fakes, caplog, tmp_path):
     # N11: the secret appeared in DraftkitUpdateInfo's repr (vLLM logs update requests)
     import logging
 
-    from draftkit.serving.weight_transfer import DraftkitUpdateInfo
     from test_swap_txn import SECRET
+
+    from draftkit.serving.weight_transfer import DraftkitUpdateInfo
 
     assert SECRET not in repr(DraftkitUpdateInfo(directory="/d", secret=SECRET))
     with caplog.at_level(logging.DEBUG):
