@@ -200,19 +200,6 @@ class DraftStore:
             os.replace(tmp, link)
         _fsync_dir(self.root)
 
-    def move_back(self, version: str, back_to: str | None, reason: str, **fields) -> str | None:
-        """`current` off `version` without marking it failed (a check failed on one engine and
-        passed on another: the version is not condemned, but not what engines are sent): to
-        `back_to` if it is a good version, else the newest good one older than `version`
-        (none: the export). A `moved_back` event. Returns the new current."""
-        if self.current() != version:
-            return self.current()
-        if back_to is None or back_to == version or back_to not in self.good_versions():
-            back_to = self._good_before(version)
-        self._point_current(back_to)
-        self.log("moved_back", version=version, current=back_to, reason=reason[:500], **fields)
-        return self.current()
-
     def _good_before(self, version: str) -> str | None:
         older = [v for v in self.good_versions() if int(v[1:]) < int(version[1:])]
         return older[-1] if older else None

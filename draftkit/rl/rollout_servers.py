@@ -15,15 +15,13 @@ processes: the watch and an operator's `draftkit swap` take turns). `drafts/engi
                  "http://10.0.0.6:8000": {"version": "v0006", "status": "refused",
                  "refused": "v0007", "error": "...", "restored": true, ...}}}
 
-A version is judged over every engine that measured it, in this push or an earlier one
-(engines.json `verdicts`). A draft that fails the check on every engine that measured it is
+When one engine of several fails, each engine keeps and records its own version: the engines
+that passed serve the new draft, the one that failed serves its previous draft (restored and
+hash-checked) and says why. Rolling every engine back would trade the speed of the healthy
+ones for a fault that is usually the engine's own (its files, its memory), and would need as
+many more swaps, each able to fail. A draft that fails the check on every engine it reached is
 the draft's fault: the version is marked failed in the store and `current` goes back to the
-version the engines still serve (publish.py). One that failed on some engine and passed on
-another is not condemned (the fault may be that engine's own: its files, its memory), but
-`current` never names a version that failed on an engine: it moves back unmarked, and the
-watch sends every engine the version `current` names, so no engine is left on a version that
-failed somewhere (issue 52). Servers start on `drafts/checked`, the newest version that
-passed on some engine (serve.require_checked).
+version the engines still serve (publish.py), so a restarted engine never loads it.
 
 The store and the engines never disagree silently: engines.json names each engine's version
 and status (`serving`; `refused`: its check failed there, not asked again for that version;
@@ -208,36 +206,29 @@ def _judge(store: DraftStore, version: str, results: dict) -> None:
 
 def judge(store: DraftStore, version: str, urls: list[str]) -> str | None:
     """The store's verdict on `version` from every engine's measured verdict (engines.json
-    `verdicts`: this push's and earlier ones'). Passed on any engine: checked (`drafts/checked`
-    may name it; never marked failed). Failed on every engine among `urls` and those with a
-    verdict: marked failed, `current` back to what they serve. Failed on some engine only:
-    `current` moves off it unmarked (`current` never names a version that failed on an
-    engine), and the watch then sends every engine the version `current` names. Idempotent:
-    a crash between the records and these moves is finished by the next call."""
+    `verdicts`: this push's and earlier ones'): passed on any engine -> checked (never marked
+    failed: the engines that failed keep their previous draft); failed on every engine among
+    `urls` and those with a verdict -> marked failed, `current` back to what they serve.
+    Idempotent: a crash between the records and the mark is finished by the next call."""
     record = read(store)
     verdicts = record["verdicts"].get(version, {})
     if not store.version_of(store.root / version) or not verdicts:
         return None
-    passed = sorted(u for u, v in verdicts.items() if v == "passed")
-    failed = sorted(u for u, v in verdicts.items() if v == "failed")
-    if passed:
-        store.mark_checked(version, engines=passed)
-    if not failed:
+    if "passed" in verdicts.values():
+        store.mark_checked(version, engines=sorted(u for u, v in verdicts.items()
+                                                   if v == "passed"))
         return "passed"
-    engines = record["engines"]
-    back = next((engines[u].get("version") for u in failed
-                 if engines.get(u, {}).get("restored")), None)
-    back = back if back and back.startswith("v") else None
-    why = _brief(next((engines[u].get("error", "") for u in failed if u in engines), ""))
     asked = set(urls) | set(verdicts)
-    if not passed and all(verdicts.get(u) == "failed" for u in asked):
-        if store.failure(version) is None:
-            store.mark_failed(version, f"failed the check on every engine that measured it: "
-                              f"{why}", back_to=back, engines=sorted(asked))
-        return "failed"
-    store.move_back(version, back, f"failed the check on {', '.join(failed)}: {why}",
-                    failed_on=failed, passed_on=passed)
-    return "moved_back"
+    if any(verdicts.get(u) != "failed" for u in asked) or store.failure(version):
+        return None
+    engines = record["engines"]
+    back = next((engines[u].get("version") for u in sorted(asked)
+                 if engines.get(u, {}).get("restored")), None)
+    why = next((engines[u].get("error", "") for u in sorted(asked) if u in engines), "")
+    store.mark_failed(version, f"failed the check on every engine that measured it: "
+                      f"{_brief(why)}", back_to=back if back and back.startswith("v") else None,
+                      engines=sorted(asked))
+    return "failed"
 
 
 def observe(store: DraftStore, urls: list[str]) -> list[str]:
