@@ -1,6 +1,7 @@
 """Push a run's draft to several rollout servers, and record what each one serves.
 
     draftkit swap http://10.0.0.5:8000 http://10.0.0.6:8000 --draft runs/rl/drafts/current
+    (the push reads `current` and failed.json under the push lock)
     draftkit watch runs/rl --checkpoints ckpts/ --rollouts rollouts/ --engines URL,URL
 
 Engines are swapped one after another, each by one transaction on the server
@@ -13,21 +14,29 @@ processes: the watch and an operator's `draftkit swap` take turns). `drafts/engi
     {"engines": {"http://10.0.0.5:8000": {"version": "v0007", "directory": ".../v0007",
                  "status": "serving", "al": 2.1, "swap_s": 0.4, "pause_s": 0.5, "time": ...},
                  "http://10.0.0.6:8000": {"version": "v0006", "status": "refused",
-                 "refused": "v0007", "error": "...", "restored": true, ...}}}
+                 "refused": "v0007", "error": "...", "restored": true, ...}},
+     "verdicts": {"v0007": {"http://10.0.0.5:8000": "passed",
+                            "http://10.0.0.6:8000": "failed"}}}
 
 When one engine of several fails, each engine keeps and records its own version: the engines
 that passed serve the new draft, the one that failed serves its previous draft (restored and
 hash-checked) and says why. Rolling every engine back would trade the speed of the healthy
 ones for a fault that is usually the engine's own (its files, its memory), and would need as
-many more swaps, each able to fail. A draft that fails the check on every engine it reached is
-the draft's fault: the version is marked failed in the store and `current` goes back to the
-version the engines still serve (publish.py), so a restarted engine never loads it.
+many more swaps, each able to fail. A version is judged over every engine that measured it,
+in this push or an earlier one (`verdicts`; each engine's record and verdict are one atomic
+write, and every push and watch tick first judges the current version again, so a crash
+between the records and the judgement is finished by the next tick). Passed on any engine:
+never condemned, and `checked` (publish.py: `drafts/checked`, what servers start on). Failed
+on every engine that measured it: the draft's fault, the version is marked failed and
+`current` goes back to the version the engines still serve (publish.py).
 
 The store and the engines never disagree silently: engines.json names each engine's version
 and status (`serving`; `refused`: its check failed there, not asked again for that version;
-`behind`: it serves an older version after a swap that decided nothing, retried every tick;
-`pending` while it still runs a transaction whose reply was lost; `unknown` when a rollback
-did not restore; `unreachable`. After a failure that decided nothing the version is what the
+`behind`: it serves an older version after a swap that decided nothing, retried after a
+backoff with jitter; `pending` while it still runs a transaction whose reply was lost;
+`unknown` when a rollback did not restore (its verdict still counts); `unreachable`. `observe`
+asks each engine what it serves (draft version, boot id) before a `draftkit swap` and every
+watch tick: an engine that restarted or serves another draft than recorded becomes `behind`. After a failure that decided nothing the version is what the
 engine itself reports at /draftkit/state), every swap is
 an event in the refresh log, and `push` raises EngineSwapError naming every engine that does
 not serve the draft (the CLI exits 2). Only a measured failure (verdict `failed`: hashes that
