@@ -21,10 +21,14 @@ leaves it running):
      is rolled back inside that pause and left paused) before the transaction ends.
 Verdicts: `passed` (committed), `failed` (measured: hashes differ or AL <= min_al; the only
 verdict that judges the draft), `error` (the swap or the probe raised; rolled back, nothing
-decided), `refused` (nothing loaded: busy, paused by someone else, an engine the probe cannot
-measure). Each transaction's record (`txn`, `state`, `verdict`, ...) is kept in memory and in a
-state file beside the lock, so `GET /draftkit/state?txn=ID` answers a client that lost the
-reply, from any API process.
+decided), `refused` (nothing loaded: busy, paused by someone else, a probe that cannot draft
+or does not fit --max-model-len, files that differ from their published digests, an engine the
+probe cannot measure). A probe that measured fewer than `min_drafts` draft steps is `error`,
+never `failed`. Each transaction's record (`txn`, `state`, `verdict`, ...) is kept in memory
+and in a state file in a private directory (`state_dir`), one per port and engine boot, written
+under its own lock, so `GET /draftkit/state?txn=ID` answers a client that lost the reply, from
+any API process; a restart ends the records it left (`end_stale`). Engine calls (is_paused,
+pause, resume) answer within ENGINE_CALL_S or end the transaction.
 
 Limits: the load and the hash check run in a thread that cannot be cancelled; a transaction
 cancelled by a server shutdown waits for it before it resumes the engine or releases the lock
