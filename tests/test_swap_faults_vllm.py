@@ -111,10 +111,15 @@ def _txn(url: str) -> dict:
 
 
 def _tick(world, current: str, *overrides) -> dict:
-    """One watch tick's engine sync with `current` as the store's current version; then the
-    consistency the issue asks for. Returns the engine's record."""
+    """One watch tick's engine sync with `current` as the store's current version, once the
+    engine's backoff has passed; then the consistency the issue asks for. Returns the engine's
+    record."""
     store, url = world["store"], world["url"]
     store.set_current(current)
+    record = engines.read(store)  # its backoff after a swap that decided nothing has passed
+    if url in record["engines"]:
+        record["engines"][url]["retry_at"] = None
+        engines._write(store, record)
     Watcher(world["run"], world["tmp"] / "ckpts", world["tmp"] / "rollouts",
             ["tracking.backend=none", *overrides], every=1, engines=[url]).sync_engines()
     return _consistent(world)
