@@ -117,7 +117,9 @@ def test_unreachable_timeout_and_http_errors_name_the_engine_and_lose_nothing(ru
     assert stub.seen[-1][2] == SECRET  # every draftkit call carries the secret
     rec = engines.read(DraftStore(run))["engines"]
     assert rec[dead]["status"] == "unreachable"  # none of these decided anything: asked again
-    assert rec[stub.url]["status"] == "behind" and not watch_mod._settled(rec[stub.url], "v0002")
+    assert rec[stub.url]["status"] == "behind" and rec[stub.url]["retry_at"] > time.time()
+    assert watch_mod._settled(rec[stub.url], "v0002")  # N7: backs off, with jitter ...
+    assert not watch_mod._settled({**rec[stub.url], "retry_at": 0}, "v0002")  # ... then again
     events = [x["event"] for x in DraftStore(run).events()]
     assert events.count("engine_swap_failed") == 5
 
@@ -132,7 +134,7 @@ def test_no_secret_fails_before_any_call(run, stub, monkeypatch):
 def _fake_swaps(monkeypatch, verdicts: dict):
     """rollout_client.swap_engine stand-in: each URL passes (None) or fails with a verdict."""
     def swap_engine(url, directory, kind, probes, min_al, max_tokens, timeout, candidates,
-                    version, reload_held):
+                    version, reload_held, min_drafts=8, weights=None):
         assert probes == [[1, 2, 3], [4, 5, 6]] and min_al > 1.0
         if verdicts[url] is None:
             return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,

@@ -119,9 +119,8 @@ def test_swap_into_reads_current_once(run, monkeypatch):
 
     monkeypatch.setattr(refresher, "probes", probes)
     monkeypatch.setattr(drafter_swap, "swap_into", swap_into)
-    monkeypatch.setattr(drafter_swap, "require_measurable", lambda llm: None, raising=False)
     with pytest.raises(DraftSwapError):
-        refresher.swap_into(object())
+        refresher.swap_into(_engine("summary"))
     assert tried == ["v0001"]
     assert store.failure("v0001") is not None and store.failure("v0002") is None
 
@@ -135,16 +134,33 @@ def test_a_check_that_raised_or_an_engine_it_cannot_measure_condemns_nothing(run
     store = DraftStore(run)
     store.set_current("v0002")
 
+    tried = []
+
     def swap_into(llm, directory, kind, probes, min_al, max_tokens, candidates=()):
+        tried.append(directory)
         raise DraftSwapError("drafter swap raised AssertionError: Stat logging disabled",
                              "error", str(directory), str(store.root / "v0001"), True)
 
     monkeypatch.setattr(drafter_swap, "swap_into", swap_into)
-    monkeypatch.setattr(drafter_swap, "require_measurable", lambda llm: None, raising=False)
-    with pytest.raises(DraftSwapError):
-        DraftRefresher(run).swap_into(object(), probes=[[1, 2, 3]])
+    with pytest.raises(DraftSwapError):  # a measurable engine whose check raised
+        DraftRefresher(run).swap_into(_engine("summary"), probes=[[1, 2, 3]])
     assert store.failure("v0002") is None and store.current() == "v0002"
-    assert store.events()[-1]["event"] == "swap_failed"
+    assert store.events()[-1]["event"] == "swap_failed" and len(tried) == 1
+    # weak test of issue 52: require_measurable was patched away; an engine the probe cannot
+    # read (stat logging off, no per-request metrics) is refused before anything loads
+    with pytest.raises(DraftSwapError, match="cannot measure") as e:
+        DraftRefresher(run).swap_into(_engine("none", log_stats=False), probes=[[1, 2, 3]])
+    assert e.value.verdict == "refused" and len(tried) == 1
+    assert store.failure("v0002") is None and store.current() == "v0002"
+
+
+def _engine(per_request: str, log_stats: bool = True):
+    """An in-process LLM as drafter_swap.probe_source reads it."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(observability_config=SimpleNamespace(
+        per_request_spec_decode_metrics=per_request))
+    return SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=cfg, log_stats=log_stats))
 
 
 # ------------------------------------------------------------ finding 8: store crash points

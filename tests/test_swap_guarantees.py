@@ -166,7 +166,8 @@ def test_native_draft_update_in_process_names_the_version_and_wants_the_secret(
     report = drafter_swap.swap_into(llm, store.root / "v0001", KIND, probes, min_al=1.2,
                                     max_tokens=GEN)
     assert report["path"] == drafter_swap.NATIVE and report["ok"] and _held(llm) == before
-    assert llm.get_weight_version() == "v0001"
+    # N10: the draft's version is its dir's name; vLLM's weight version stays the policy's
+    assert drafter_swap.draft_version(llm) == "v0001" and llm.get_weight_version() != "v0001"
     llm.start_draft_weight_update()
     with pytest.raises(Exception, match="DRAFTKIT_SWAP_SECRET"):  # noqa: B017 - vLLM wraps it
         llm.update_weights({"update_info": {"directory": str(store.root / "v0002"),

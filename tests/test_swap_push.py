@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from draftkit.rl import rollout_servers as engines
 from draftkit.rl.publish import DraftStore
 from draftkit.serving import rollout_client
-from draftkit.serving.drafter_swap import SECRET_ENV
+from draftkit.serving.drafter_swap import SECRET_ENV, record_sig
 
 SECRET = "s3cret-for-push"
 
@@ -98,7 +98,7 @@ def test_two_pushers_of_one_run_take_turns(run, monkeypatch):
     inside, overlap = [], []
 
     def swap_engine(url, directory, kind, probes, min_al, max_tokens, timeout, candidates,
-                    version, reload_held):
+                    version, reload_held, min_drafts=8, weights=None):
         inside.append(version)
         if len(inside) > 1:
             overlap.append(list(inside))
@@ -173,10 +173,11 @@ def test_a_probe_the_engine_could_not_run_condemns_no_draft(run, stubs):
 
     def swap(body):  # today's server: the probe runs there and could not run
         if body.get("txn"):
-            return {"ok": False, "txn": body["txn"], "state": "rolled_back", "verdict": "error",
-                    "restored": True, "previous": str(store.root / "v0001"),
-                    "previous_version": "v0001", "error": "the probe raised ValueError: "
-                    "prompt too long. ... lower refresh.probe_max_tokens ... Nothing was decided"}
+            rec = {"ok": False, "txn": body["txn"], "state": "rolled_back", "verdict": "error",
+                   "restored": True, "previous": str(store.root / "v0001"),
+                   "previous_version": "v0001", "error": "the probe raised ValueError: "
+                   "prompt too long. ... lower refresh.probe_max_tokens ... Nothing was decided"}
+            return {**rec, "sig": record_sig(rec, SECRET)}  # the server signs its verdicts
         return {"ok": True, "directory": str(store.root / "v0002"), "version": "v0002",
                 "previous": str(store.root / "v0001"), "previous_version": "v0001",
                 "loaded": True, "swap_s": 0.1, "pause_s": 0.2, "path": "native"}
@@ -216,12 +217,13 @@ def test_cli_swap_exits_0_when_every_engine_serves_and_2_when_one_does_not(run, 
 
     def swap(body):
         verdict = "passed" if body["version"] == "v0001" else "failed"
-        return {"ok": verdict == "passed", "txn": body["txn"], "verdict": verdict,
-                "state": "committed" if verdict == "passed" else "rolled_back",
-                "directory": body["directory"], "version": body["version"], "al": 2.0,
-                "previous": str(store.root / "v0001"), "previous_version": "v0001",
-                "restored": True, "loaded": True, "swap_s": 0.1, "pause_s": 0.2,
-                "probe_s": 0.3, "path": "native", "error": "probe AL 1.000 <= minimum 1.2"}
+        rec = {"ok": verdict == "passed", "txn": body["txn"], "verdict": verdict,
+               "state": "committed" if verdict == "passed" else "rolled_back",
+               "directory": body["directory"], "version": body["version"], "al": 2.0,
+               "previous": str(store.root / "v0001"), "previous_version": "v0001",
+               "restored": True, "loaded": True, "swap_s": 0.1, "pause_s": 0.2,
+               "probe_s": 0.3, "path": "native", "error": "probe AL 1.000 <= minimum 1.2"}
+        return {**rec, "sig": record_sig(rec, SECRET)}
 
     stub = stubs({("POST", "/draftkit/swap"): (200, swap, {})})
     env = {**os.environ, SECRET_ENV: SECRET}

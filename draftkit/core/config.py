@@ -9,6 +9,7 @@ the target-dependent fields (aux ids, draft vocab, draft decoder shapes, optimiz
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -314,8 +315,11 @@ class RefreshConfig:
     every: int = 0  # watch/DraftRefresher: refresh every N policy steps (0 = off)
     al_drop: float = 0.0  # ... or when AL < (1 - al_drop) * AL right after the last refresh
     probe_prompts: int = 8  # swap health check: prompts generated at T=0 after a swap
-    probe_max_tokens: int = 64
+    probe_max_tokens: int = 64  # tokens per probe completion; at least k + 2
     min_probe_al: float = 1.2  # swap health check: engine AL on the probes must exceed this
+    # swap health check: a probe that measured fewer draft steps (a k-schedule that drafts
+    # nothing at that batch, a saturated engine) decides nothing (verdict error), never failed
+    min_probe_drafts: int = 8
     engine_timeout_s: float = 120.0  # rollout servers: seconds one HTTP call may take (swap, probes)
     status_timeout_s: float = 5.0  # `draftkit status`: seconds each engine may take to answer
     poll_s: float = 10.0  # watch: seconds between scans of the checkpoint/rollout dirs
@@ -329,9 +333,10 @@ class RefreshConfig:
     # changed for this many seconds (a safety net: writers should rename into place)
     rollout_settle_s: float = 30.0
 
-    def check(self) -> None:
-        """Ranges a gate needs to mean something (ConfigError naming the key and the fix)."""
-        problems = []
+    def check(self, k: int = 1) -> None:
+        """Ranges a gate needs to mean something (ConfigError naming the key and the fix); `k`:
+        the draft's num_speculative_tokens (a probe shorter than k + 2 tokens drafts nothing)."""
+        problems = self._swap_problems(k)
         if not self.min_gain >= 0:
             problems.append(f"refresh.min_gain={self.min_gain} must be >= 0 (a negative gain "
                             "publishes worse drafts; to publish unjudged, set refresh.gate=false)")
@@ -348,6 +353,24 @@ class RefreshConfig:
             problems.append(f"refresh.rollout_settle_s={self.rollout_settle_s} must be >= 0")
         if problems:
             raise ConfigError("; ".join(problems))
+
+    def _swap_problems(self, k: int) -> list[str]:
+        """The swap check's and the watch's numbers: finite, positive, a probe that can draft."""
+        problems = []
+        for key in ("engine_timeout_s", "poll_s"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                problems.append(f"refresh.{key}={value} must be a finite number > 0")
+        for key in ("probe_prompts", "min_probe_drafts"):
+            if getattr(self, key) < 1:
+                problems.append(f"refresh.{key}={getattr(self, key)} must be >= 1")
+        if self.probe_max_tokens < k + 2:
+            problems.append(f"refresh.probe_max_tokens={self.probe_max_tokens} must be >= k + 2 "
+                            f"= {k + 2} (draft.num_speculative_tokens={k}): a shorter probe "
+                            "drafts nothing, and a probe that measured nothing decides nothing")
+        if not math.isfinite(self.min_probe_al):
+            problems.append(f"refresh.min_probe_al={self.min_probe_al} must be finite")
+        return problems
 
 
 @dataclass
@@ -504,7 +527,7 @@ def load(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     if overrides:
         merge(cfg, parse_overrides(overrides))
     cfg.train.check()
-    cfg.refresh.check()
+    cfg.refresh.check(cfg.draft.num_speculative_tokens)
     return cfg
 
 

@@ -4,7 +4,9 @@
     runs/<name>/drafts/
       v0001/  config.json model.safetensors speculative_config.json README.md meta.json lineage.json
       v0002/  ... failed.json       a version a live swap refused (why, when, who): never current
+      v0001/  ... checked.json      a version that passed a live swap's check on some engine
       current -> v0002              os.replace of a fresh symlink: readers see old or new, never none
+      checked -> v0001              the newest checked good version: what a server starts on
       refresh-log.jsonl             one event per line (published, rejected, resumed, ...)
       .lock                         flock: one refresh at a time (released when the process dies)
       .push.lock                    flock: one push into rollout servers at a time (it waits)
@@ -44,6 +46,7 @@ from draftkit.core.errors import DraftkitError
 
 LINEAGE = "lineage.json"
 FAILED = "failed.json"
+CHECKED = "checked.json"
 _VERSION = re.compile(r"^v(\d{4,})$")
 
 
@@ -164,9 +167,38 @@ class DraftStore:
             if back_to is None or back_to == version or self.failure(back_to) is not None:
                 back_to = self._good_before(version)
             self._point_current(back_to)
+        self._point_checked()
         self.log("failed", version=version, reason=reason[:500],
                  current=self.current(), moved_current=moved, **fields)
         return self.current()
+
+    def mark_checked(self, version: str, **fields) -> None:
+        """`version` passed a live swap's check on an engine (checked.json, kept from the first
+        pass); `checked` moves to the newest checked good version. Idempotent."""
+        if not (self.root / version / CHECKED).is_file():
+            artifacts.write_json_atomic(self.root / version / CHECKED, {
+                "version": version, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields})
+            _fsync_dir(self.root / version)
+        self._point_checked()
+
+    def checked(self) -> str | None:
+        """The newest version that passed a live swap's check and is not marked failed."""
+        ok = [v for v in self.good_versions() if (self.root / v / CHECKED).is_file()]
+        return ok[-1] if ok else None
+
+    def _point_checked(self) -> None:
+        """`checked` -> checked() (removed when none: the export is what servers start on)."""
+        version, link = self.checked(), self.root / "checked"
+        if version is None:
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
+        elif not link.is_symlink() or os.readlink(link) != version:
+            tmp = self.root / f".checked.tmp-{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            os.symlink(version, tmp)
+            os.replace(tmp, link)
+        _fsync_dir(self.root)
 
     def _good_before(self, version: str) -> str | None:
         older = [v for v in self.good_versions() if int(v[1:]) < int(version[1:])]
@@ -241,8 +273,9 @@ class DraftStore:
 
     def publish(self, version: str, write, lineage: dict) -> Path:
         """Build `version` with write(tmp_dir, final_dir), sync its files to disk, then write
-        lineage.json (what makes it a version), then rename: a crash never leaves a version
-        whose lineage is on disk and whose weights are not."""
+        lineage.json (what makes it a version; `weights`: the sha256 of each *.safetensors, which
+        a swap checks the files against before it loads), then rename: a crash never leaves a
+        version whose lineage is on disk and whose weights are not."""
         final = self.root / version
         with artifacts.atomic_dir(final) as tmp:
             write(tmp, final)
@@ -250,7 +283,8 @@ class DraftStore:
                 if f.is_file() and not f.is_symlink():
                     _fsync_file(f)
             _fsync_dir(tmp)
-            artifacts.write_json_atomic(tmp / LINEAGE, lineage)
+            weights = {f.name: artifacts.sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}
+            artifacts.write_json_atomic(tmp / LINEAGE, {**lineage, "weights": weights})
             _fsync_dir(tmp)
         _fsync_dir(self.root)
         return final

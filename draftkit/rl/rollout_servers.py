@@ -1,6 +1,7 @@
 """Push a run's draft to several rollout servers, and record what each one serves.
 
     draftkit swap http://10.0.0.5:8000 http://10.0.0.6:8000 --draft runs/rl/drafts/current
+    (the push reads `current` and failed.json under the push lock)
     draftkit watch runs/rl --checkpoints ckpts/ --rollouts rollouts/ --engines URL,URL
 
 Engines are swapped one after another, each by one transaction on the server
@@ -13,21 +14,29 @@ processes: the watch and an operator's `draftkit swap` take turns). `drafts/engi
     {"engines": {"http://10.0.0.5:8000": {"version": "v0007", "directory": ".../v0007",
                  "status": "serving", "al": 2.1, "swap_s": 0.4, "pause_s": 0.5, "time": ...},
                  "http://10.0.0.6:8000": {"version": "v0006", "status": "refused",
-                 "refused": "v0007", "error": "...", "restored": true, ...}}}
+                 "refused": "v0007", "error": "...", "restored": true, ...}},
+     "verdicts": {"v0007": {"http://10.0.0.5:8000": "passed",
+                            "http://10.0.0.6:8000": "failed"}}}
 
 When one engine of several fails, each engine keeps and records its own version: the engines
 that passed serve the new draft, the one that failed serves its previous draft (restored and
 hash-checked) and says why. Rolling every engine back would trade the speed of the healthy
 ones for a fault that is usually the engine's own (its files, its memory), and would need as
-many more swaps, each able to fail. A draft that fails the check on every engine it reached is
-the draft's fault: the version is marked failed in the store and `current` goes back to the
-version the engines still serve (publish.py), so a restarted engine never loads it.
+many more swaps, each able to fail. A version is judged over every engine that measured it,
+in this push or an earlier one (`verdicts`; each engine's record and verdict are one atomic
+write, and every push and watch tick first judges the current version again, so a crash
+between the records and the judgement is finished by the next tick). Passed on any engine:
+never condemned, and `checked` (publish.py: `drafts/checked`, what servers start on). Failed
+on every engine that measured it: the draft's fault, the version is marked failed and
+`current` goes back to the version the engines still serve (publish.py).
 
 The store and the engines never disagree silently: engines.json names each engine's version
 and status (`serving`; `refused`: its check failed there, not asked again for that version;
-`behind`: it serves an older version after a swap that decided nothing, retried every tick;
-`pending` while it still runs a transaction whose reply was lost; `unknown` when a rollback
-did not restore; `unreachable`. After a failure that decided nothing the version is what the
+`behind`: it serves an older version after a swap that decided nothing, retried after a
+backoff with jitter; `pending` while it still runs a transaction whose reply was lost;
+`unknown` when a rollback did not restore (its verdict still counts); `unreachable`. `observe`
+asks each engine what it serves (draft version, boot id) before a `draftkit swap` and every
+watch tick: an engine that restarted or serves another draft than recorded becomes `behind`. After a failure that decided nothing the version is what the
 engine itself reports at /draftkit/state), every swap is
 an event in the refresh log, and `push` raises EngineSwapError naming every engine that does
 not serve the draft (the CLI exits 2). Only a measured failure (verdict `failed`: hashes that
@@ -38,6 +47,7 @@ errors decide nothing: nothing published changes, and the next push tries again.
 from __future__ import annotations
 
 import os
+import random
 import time
 from pathlib import Path
 
@@ -73,7 +83,10 @@ def run_of(draft_dir: str | Path) -> Path:
 
 def read(store: DraftStore) -> dict:
     path = store.root / ENGINES
-    return artifacts.read_json(path) if path.is_file() else {"engines": {}}
+    record = artifacts.read_json(path) if path.is_file() else {}
+    record.setdefault("engines", {})
+    record.setdefault("verdicts", {})  # {version: {url: "passed" | "failed"}}: measured only
+    return record
 
 
 def _write(store: DraftStore, record: dict) -> None:
@@ -85,74 +98,92 @@ def push(run_dir, urls: list[str], draft: str | Path | None = None,
     """Swap `draft` (default: the store's current draft) into every engine in `urls`, in
     order, and record each (module doc). Returns {url: record}; raises EngineSwapError when
     any engine does not serve it. `reload_held=False`: an engine already holding the draft's
-    tensors is checked, not reloaded (so a push after a sleep/wake reloads only lost drafts)."""
+    tensors is checked, not reloaded (so a push after a sleep/wake reloads only lost drafts).
+    `current` and failed.json are read under the push lock (a push queued behind another
+    never pushes a version that was marked failed meanwhile)."""
     if not urls:
         raise DraftkitError("no engines to swap into: pass URL... (e.g. http://10.0.0.5:8000)")
     rollout_client.secret()  # a missing secret fails before anything is read
     refresher = DraftRefresher(run_dir, overrides)
     store, cfg = refresher.store, refresher.cfg
-    directory = Path(os.path.realpath(draft or store.current_dir()))
-    version = store.version_of(directory) or version_name(directory)
-    if (failed := store.failure(version) if store.version_of(directory) else None):
-        raise DraftkitError(f"{version} is marked failed ({failed.get('reason', '')[:200]}); "
-                            "nothing was pushed. Refresh again, or push a good version")
-    probes = refresher.probes(store.version_of(directory))
-    candidates = [store.root / v for v in reversed(store.versions())]
-    candidates.append(artifacts.RunPaths(store.run).export)
     results = {}
     with store.push_lock(timeout=cfg.refresh.engine_timeout_s * 2 * (len(urls) + 1)):
+        settle(store, urls)  # a verdict a crash left unjudged is judged first
+        directory = Path(os.path.realpath(draft or store.current_dir()))
+        version = store.version_of(directory) or version_name(directory)
+        if (failed := store.failure(version) if store.version_of(directory) else None):
+            raise DraftkitError(f"{version} is marked failed ({failed.get('reason', '')[:200]}); "
+                                "nothing was pushed. Refresh again, or push a good version")
+        probes = refresher.probes(store.version_of(directory))
+        weights = store.lineage(version).get("weights") if store.version_of(directory) else None
+        candidates = [store.root / v for v in reversed(store.versions())]
+        candidates.append(artifacts.RunPaths(store.run).export)
         for url in urls:
-            results[url] = _one(store, url, directory, version, cfg, probes, candidates,
-                                reload_held)
+            results[url] = _one(store, url, directory, version, cfg, (probes, weights),
+                                candidates, reload_held)
         _judge(store, version, results)
     return results
 
 
-def _one(store, url, directory, version, cfg, probes, candidates, reload_held) -> dict:
-    rc, now = cfg.refresh, time.strftime("%Y-%m-%dT%H:%M:%S%z")
+def _one(store, url, directory, version, cfg, check, candidates, reload_held) -> dict:
+    """Swap into one engine (`check`: the probes and the published digests) and record it."""
+    (probes, weights), rc = check, cfg.refresh
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
         rep = rollout_client.swap_engine(url, directory, cfg.draft.kind, probes, rc.min_probe_al,
-                                  rc.probe_max_tokens, rc.engine_timeout_s, candidates,
-                                  version, reload_held)
+                                         rc.probe_max_tokens, rc.engine_timeout_s, candidates,
+                                         version, reload_held, rc.min_probe_drafts, weights)
         rec = {"version": version, "directory": str(directory), "status": "serving",
-               "al": rep["al"], "swap_s": rep["swap_s"], "pause_s": rep["pause_s"],
-               "probe_s": rep["probe_s"], "paused_at": rep.get("paused_at"),
-               "loaded": rep["loaded"],
-               "transfer": rep["path"], "time": now}
+               "verdict": "passed", "al": rep["al"], "swap_s": rep["swap_s"],
+               "pause_s": rep["pause_s"], "probe_s": rep["probe_s"],
+               "paused_at": rep.get("paused_at"), "loaded": rep["loaded"],
+               "transfer": rep["path"], "boot_id": rep.get("boot_id"), "time": now}
         store.log("engine_swapped", url=url, version=version, al=rep["al"],
                   swap_s=rep["swap_s"], pause_s=rep["pause_s"], transfer=rep["path"])
     except rollout_client.EngineError as e:
-        rec = _failed_record(store, url, version, e, now)
+        rec = _failed_record(store, url, version, e, now, rc.poll_s)
     except Exception as e:  # noqa: BLE001 - any fault of one engine is that engine's record
         err = rollout_client.EngineError(
             url, f"the push raised {type(e).__name__}: {str(e)[:300]}")
-        rec = _failed_record(store, url, version, err, now)
-    record = read(store)
+        rec = _failed_record(store, url, version, err, now, rc.poll_s)
+    record = read(store)  # the engine's record and its verdict in one atomic write
     record["engines"][url] = rec
+    if rec.get("verdict") in ("passed", "failed"):
+        record["verdicts"].setdefault(version, {})[url] = rec["verdict"]
     _write(store, record)
     return rec
 
 
 def _failed_record(store: DraftStore, url: str, version: str, e: rollout_client.EngineError,
-                   now: str) -> dict:
+                   now: str, poll_s: float) -> dict:
     """What the engine serves after a failed swap, as far as it is known."""
     old = read(store)["engines"].get(url, {})
     if e.verdict in ("transport", "refused"):  # nothing decided: record what the engine says
         rec = {**old, **_engine_now(url), "refused": version, "verdict": e.verdict,
                "error": str(e), "time": now}
         rec.setdefault("status", "unreachable")
-    elif e.restored is False:
+    elif e.restored is False:  # the engine may hold the new draft: pushed again, judged
         rec = {"version": None, "directory": None, "status": "unknown", "refused": version,
-               "error": str(e), "restored": False, "time": now}
+               "verdict": e.verdict, "error": str(e), "restored": False, "time": now}
     else:  # failed (measured) or error (decided nothing), the previous draft back
         prev = e.previous or old.get("directory")
         rec = {"version": e.previous_version or (version_name(prev) if prev else None),
                "directory": prev, "status": "refused" if e.verdict == "failed" else "behind",
                "refused": version, "verdict": e.verdict,
                "error": str(e), "restored": e.restored, "time": now}
+    if rec["status"] == "behind":
+        rec["tries"] = old.get("tries", 0) + 1 if old.get("refused") == version else 1
+        rec["retry_at"] = time.time() + backoff(rec["tries"], poll_s)
     store.log("engine_swap_failed", url=url, version=version, verdict=e.verdict,
               restored=e.restored, error=str(e)[:500])
     return rec
+
+
+def backoff(tries: int, base: float, cap: float = 600.0) -> float:
+    """Seconds before an engine that is `behind` after `tries` undecided swaps is asked again
+    (`base`: refresh.poll_s): exponential with jitter (0.5x-1x), at most `cap`, so an engine
+    that refuses or times out every time is not paused and reloaded every tick."""
+    return min(cap, base * 2 ** max(tries - 1, 0)) * random.uniform(0.5, 1.0)
 
 
 def _engine_now(url: str) -> dict:
@@ -164,29 +195,89 @@ def _engine_now(url: str) -> dict:
     except Exception:  # noqa: BLE001 - unreachable: nothing more is known
         return {"status": "unreachable"}
     path, txn = st.get("drafter_path"), st.get("txn") or {}
-    was = st.get("weight_version")
-    version = was if was not in (None, "default") else (version_name(path) if path else None)
+    version = st.get("draft_version") or (version_name(path) if path else None)
     running = txn.get("state") not in (None, *rollout_client.DONE)
-    return {"version": version, "directory": path,
+    return {"version": version, "directory": path, "boot_id": st.get("boot_id"),
             "status": "pending" if running else "behind"}
 
 
 def _judge(store: DraftStore, version: str, results: dict) -> None:
-    """Every engine's check failed on the draft: mark it failed. Any engine not serving it:
-    EngineSwapError naming them."""
+    """Judge `version` over every engine that measured it (verdicts), then EngineSwapError
+    naming the engines of this push that do not serve it."""
+    judge(store, version, list(results))
     bad = {u: r for u, r in results.items() if r["status"] != "serving"}
     if not bad:
         return
-    checked = [r for r in results.values() if r.get("verdict") == "failed"]
-    if store.version_of(store.root / version) and len(checked) == len(results):
-        back = next((r["version"] for r in checked if r.get("restored")), None)
-        store.mark_failed(version, f"failed the check on every engine: "
-                          f"{_brief(next(iter(bad.values()))['error'])}",
-                          back_to=back if back and back.startswith("v") else None,
-                          engines=list(results))
     lines = "; ".join(f"{u}: {r['status']} ({_brief(r['error'])})" for u, r in bad.items())
     raise EngineSwapError(f"{len(bad)} of {len(results)} engines do not serve {version}: "
                           f"{lines}. drafts/engines.json records what each one serves", results)
+
+
+def judge(store: DraftStore, version: str, urls: list[str]) -> str | None:
+    """The store's verdict on `version` from every engine's measured verdict (engines.json
+    `verdicts`: this push's and earlier ones'): passed on any engine -> checked (never marked
+    failed: the engines that failed keep their previous draft); failed on every engine among
+    `urls` and those with a verdict -> marked failed, `current` back to what they serve.
+    Idempotent: a crash between the records and the mark is finished by the next call."""
+    record = read(store)
+    verdicts = record["verdicts"].get(version, {})
+    if not store.version_of(store.root / version) or not verdicts:
+        return None
+    if "passed" in verdicts.values():
+        store.mark_checked(version, engines=sorted(u for u, v in verdicts.items()
+                                                   if v == "passed"))
+        return "passed"
+    asked = set(urls) | set(verdicts)
+    if any(verdicts.get(u) != "failed" for u in asked) or store.failure(version):
+        return None
+    engines = record["engines"]
+    back = next((engines[u].get("version") for u in sorted(asked)
+                 if engines.get(u, {}).get("restored")), None)
+    why = next((engines[u].get("error", "") for u in sorted(asked) if u in engines), "")
+    store.mark_failed(version, f"failed the check on every engine that measured it: "
+                      f"{_brief(why)}", back_to=back if back and back.startswith("v") else None,
+                      engines=sorted(asked))
+    return "failed"
+
+
+def observe(store: DraftStore, urls: list[str]) -> list[str]:
+    """Ask every engine what it serves (GET /draftkit/state: draft version, boot id) and make
+    engines.json agree: an engine that serves another version than recorded, or booted again
+    (a restart, or two backends behind one URL), becomes `behind` (pushed, so checked, at the
+    next push). Returns the URLs whose record changed; an engine that does not answer keeps its
+    record (the push finds out)."""
+    changed, now = [], time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    for url in urls:
+        try:
+            st = rollout_client.state(url, 10.0)
+        except Exception:  # noqa: BLE001 - unreachable now: nothing learnt
+            continue
+        path = st.get("drafter_path")
+        version, boot = st.get("draft_version") or (version_name(path) if path else None), \
+            st.get("boot_id")
+        with store.push_lock():
+            record = read(store)
+            old = record["engines"].get(url, {})
+            rebooted = bool(old.get("boot_id") and boot and old["boot_id"] != boot)
+            if old.get("version") == version and not rebooted and old:
+                continue
+            record["engines"][url] = {**old, "version": version, "directory": path,
+                                      "boot_id": boot, "status": "behind", "retry_at": None,
+                                      "observed": now}
+            _write(store, record)
+        store.log("engine_observed", url=url, version=version, recorded=old.get("version"),
+                  rebooted=rebooted)
+        changed.append(url)
+    return changed
+
+
+def settle(store: DraftStore, urls: list[str]) -> None:
+    """At the start of a push and every watch tick: finish what a crash left (a `current`
+    on a version marked failed; a current version whose measured verdicts were recorded but
+    not judged)."""
+    store.recover()
+    if (current := store.current()) is not None:
+        judge(store, current, urls)
 
 
 def _brief(error: str, limit: int = 1000) -> str:
@@ -196,9 +287,13 @@ def _brief(error: str, limit: int = 1000) -> str:
 
 
 def swap(urls: list[str], draft: str | Path, overrides: list[str] | None = None) -> dict:
-    """`draftkit swap URL... --draft DIR`: push and print one line per engine."""
+    """`draftkit swap URL... --draft DIR`: ask each engine what it serves (`observe`), then
+    push and print one line per engine."""
+    run = run_of(draft)
+    rollout_client.secret()
+    observe(DraftStore(run), urls)
     try:
-        results = push(run_of(draft), urls, draft, overrides)
+        results = push(run, urls, draft, overrides)
     except EngineSwapError as e:
         _print(e.results)
         raise

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,15 +206,25 @@ def _parse(where: str, raw: bytes):
         raise _bad(where, "JSON nested too deeply to read") from e
 
 
-def read_rollouts(paths: list[str | Path], tok, vocab_size: int,
-                  max_seq_len: int = 1 << 30, stats: ReadStats | None = None) -> list[Rollout]:
-    """Every row of every file (in order), encoded and checked; rows longer than max_seq_len
-    are cut (a cut that leaves no response token is an error), counted in `stats` if given."""
-    out, stats = [], ReadStats() if stats is None else stats
+MAX_LINE_BYTES = 16 << 20  # a longer rollout line is a bad row: memory stays bounded per row
+
+
+def iter_rollouts(paths: list[str | Path], tok, vocab_size: int,
+                  max_seq_len: int = 1 << 30, stats: ReadStats | None = None
+                  ) -> Iterator[Rollout]:
+    """Every row of every file (in order), encoded and checked, one at a time (a file is never
+    held whole: lines are read up to MAX_LINE_BYTES); rows longer than max_seq_len are cut (a
+    cut that leaves no response token is an error), counted in `stats` if given."""
+    stats = ReadStats() if stats is None else stats
     for f in rollout_files(paths):
         with open(f, "rb") as fh:
-            for n, raw in enumerate(fh, 1):
+            n = 0
+            while raw := fh.readline(MAX_LINE_BYTES + 1):
+                n += 1
                 where = f"{f}:{n}"
+                if len(raw) > MAX_LINE_BYTES:
+                    raise _bad(where, f"a line longer than {MAX_LINE_BYTES} bytes; write one "
+                                      "rollout per line")
                 row = _parse(where, raw)
                 if row is None:
                     continue
@@ -226,6 +237,11 @@ def read_rollouts(paths: list[str | Path], tok, vocab_size: int,
                 if sum(r.loss_mask) == 0:
                     raise _bad(where, f"no response token within refresh.max_seq_len="
                                       f"{max_seq_len}")
-                out.append(r)
-    stats.rows += len(out)
-    return out
+                stats.rows += 1
+                yield r
+
+
+def read_rollouts(paths: list[str | Path], tok, vocab_size: int,
+                  max_seq_len: int = 1 << 30, stats: ReadStats | None = None) -> list[Rollout]:
+    """`iter_rollouts` as a list (the rows a refresh trains on)."""
+    return list(iter_rollouts(paths, tok, vocab_size, max_seq_len, stats))

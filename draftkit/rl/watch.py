@@ -27,7 +27,12 @@ talks to it only through files, and refreshes the draft when it pays.
   refresh, or when the current draft's estimated AL on the new rollouts (drift.py) fell below
   (1 - al_drop) x the AL recorded when it was published.
 - State (`drafts/watch-state.json`, atomic) is written after each decision; a restart goes on
-  from it, and the refresh job key makes a repeated refresh publish nothing twice.
+  from it, and the refresh job key makes a repeated refresh publish nothing twice. It is also
+  written before each expensive step (reading one rollout file, a refresh): a watch killed
+  there (out of memory) sets that file aside at restart, and skips a checkpoint whose refresh
+  it died in CHECKPOINT_TRIES times. Rollout files are streamed, one line (at most
+  rollouts.MAX_LINE_BYTES) at a time, when they are screened. A tick that raises anything is an
+  event (`tick_failed`); TICK_FAILURES in a row end the watch.
 - SIGTERM/SIGINT stop it cleanly (an unfinished fine-tune is dropped, nothing published).
   Events go to `drafts/watch-log.jsonl` and to wandb (offline without a key).
 - Engines (`--engines URL,URL`: running `vllm serve` rollout servers, DRAFTKIT_SWAP_SECRET in
@@ -36,8 +41,10 @@ talks to it only through files, and refreshes the draft when it pays.
   whatever happens to the watch: pause with requests kept, native update, hash check, resume,
   probe AL; a failed check puts that engine's previous draft back), and `drafts/engines.json`
   records what each serves. An engine whose check refused a version is not asked again until
-  a newer one is published; one that is unreachable, `behind` (a swap that decided nothing)
-  or `pending` is retried at every tick. Failures, and any exception of the push, are events
+  a newer one is published; one that is unreachable or `pending` is retried at every tick,
+  one `behind` (a swap that decided nothing) after a backoff with jitter. Every tick asks each
+  engine what it serves (GET /draftkit/state: draft version, boot id) and an engine that
+  restarted or serves another draft than engines.json says is pushed again (so checked). Failures, and any exception of the push, are events
   (`engines_swap_failed`, naming each engine), never the end of the watch; so is any exception
   reading one rollout file (the file is set aside).
 """
@@ -61,12 +68,13 @@ from draftkit.rl.finetune import Stopped
 from draftkit.rl.job import refresh
 from draftkit.rl.policy import CheckpointError, load_policy, load_tokenizer, shard_problems
 from draftkit.rl.publish import DraftStore, RefreshLocked
-from draftkit.rl.rollouts import read_rollouts
+from draftkit.rl.rollouts import iter_rollouts, read_rollouts
 from draftkit.train.loop import Tracker
 
 MARKERS = ("draftkit.ready", "COMPLETE", ".complete", "DONE")
 DONE = ".done"  # rollouts: NAME.jsonl.done marks NAME.jsonl complete
 CHECKPOINT_TRIES = 3  # ticks a checkpoint that fails to load is retried before it is skipped
+TICK_FAILURES = 5  # consecutive ticks that raise before the watch gives up (each is an event)
 
 
 def safetensors_complete(path: Path) -> bool:
@@ -182,6 +190,7 @@ class Watcher:
         self.last_stats: dict[str, list[int] | None] = {}  # rollout files at the last tick
         self.stop = False
         self.tracker = None
+        self._died_in = self.state.pop("screening", None), self.state.pop("refreshing", None)
 
     def event(self, name: str, **fields) -> None:
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "event": name, **fields}
@@ -251,8 +260,11 @@ class Watcher:
         """Files whose every row reads; a file with a bad row is set aside (file:line)."""
         tok, rc, good = load_tokenizer(hf), self.cfg.refresh, []
         for f in files:
+            self.state["screening"] = str(f.resolve())  # a watch killed reading it (OOM)
+            self.save()                                  # sets it aside at restart
             try:
-                read_rollouts([f], tok, self.cfg.target.vocab_size, rc.max_seq_len)
+                for _ in iter_rollouts([f], tok, self.cfg.target.vocab_size, rc.max_seq_len):
+                    pass  # streamed: memory stays flat in the file's size
                 good.append(f)
                 self.state["rejected_rollouts"].pop(str(f.resolve()), None)  # fixed since
             except Exception as e:  # noqa: BLE001 - any file that cannot be read is set aside
@@ -261,6 +273,7 @@ class Watcher:
                 key = str(f.resolve())
                 self.state["rejected_rollouts"][key] = {"reason": why, "stat": _stat(f)}
                 self.event("rollouts_set_aside", path=key, detail=why)
+        self.state.pop("screening", None)
         return good
 
     def checkpoint_error(self, ckpt: Path, error: Exception, todo: list) -> None:
@@ -300,9 +313,44 @@ class Watcher:
         return None
 
     def run_refresh(self, step: int, hf: Path, files: list[Path], why: str) -> bool:
-        """Run the refresh; False = another refresh holds the lock (nothing decided)."""
+        """Run the refresh; False = another refresh holds the lock (nothing decided). Recorded
+        before it starts: a watch killed during it (OOM) counts a try at restart."""
         self.event("refresh_started", step=step, checkpoint=str(hf), reason=why,
                    rollouts=[str(f) for f in files])
+        died = self.state.get("refresh_deaths", {})
+        self.state["refreshing"] = str(step)
+        self.save()
+        try:
+            return self._refresh(step, hf, files, why)
+        finally:
+            self.state.pop("refreshing", None)
+            self.state["refresh_deaths"] = {k: v for k, v in died.items() if k != str(step)}
+            self.save()
+
+    def recover_deaths(self) -> None:
+        """At start: what a watch killed mid-step (out of memory) left. The rollout file it was
+        reading is set aside; a checkpoint whose refresh it died in is retried, then skipped
+        after CHECKPOINT_TRIES deaths, so a restart does not loop on the same step."""
+        screening, refreshing = self._died_in
+        if screening:
+            why = ("the watch died while reading this file (killed: out of memory?); write "
+                   "smaller rollout files")
+            self.state["rejected_rollouts"][screening] = {"reason": why,
+                                                          "stat": _stat(Path(screening))}
+            self.event("rollouts_set_aside", path=screening, detail=why)
+        if refreshing:
+            deaths = self.state.setdefault("refresh_deaths", {})
+            deaths[refreshing] = deaths.get(refreshing, 0) + 1
+            self.event("refresh_died", step=int(refreshing), deaths=deaths[refreshing])
+            if deaths[refreshing] >= CHECKPOINT_TRIES:
+                self.state["seen"] += [p.name for s, p in complete_checkpoints(self.ckpts)
+                                       if s <= int(refreshing)]
+                self.event("checkpoint_skipped", step=int(refreshing), tries=deaths[refreshing],
+                           detail="the watch died during its refresh each time")
+        self._died_in = None, None
+        self.save()
+
+    def _refresh(self, step: int, hf: Path, files: list[Path], why: str) -> bool:
         rejected = self.state["rejected_rollouts"]  # set aside since the last refresh
         set_aside = [{"path": k, "reason": v["reason"][:300]}
                      for k, v in rejected.items() if not v.get("in_lineage")]
@@ -333,6 +381,12 @@ class Watcher:
         """Push the current draft to every engine that does not serve it (module doc)."""
         if not self.engines:
             return
+        try:  # the engines are the source of truth: ask them, judge what a crash left
+            rollout_servers.observe(self.store, self.engines)
+            with self.store.push_lock(self.cfg.refresh.engine_timeout_s):
+                rollout_servers.settle(self.store, self.engines)
+        except Exception as e:  # noqa: BLE001 - say, go on: the push below retries
+            self.event("engines_observe_failed", detail=f"{type(e).__name__}: {str(e)[:500]}")
         record = rollout_servers.read(self.store)["engines"]
         current = self.store.current() or "export"
         todo = [u for u in self.engines if not _settled(record.get(u) or {}, current)]
@@ -356,13 +410,23 @@ class Watcher:
                                self.cfg.to_dict(), True)
         self.event("started", checkpoints=str(self.ckpts), rollouts=str(self.rollouts),
                    every=self.every, al_drop=self.al_drop, engines=self.engines)
+        failures = 0
         try:
+            self.recover_deaths()
             self.sync_engines()
             while not self.stop:
                 try:
                     self.tick()
+                    failures = 0
                 except Stopped as e:
                     self.event("refresh_interrupted", detail=str(e))
+                except Exception as e:  # noqa: BLE001 - one bad tick is an event, not the end
+                    failures += 1
+                    self.event("tick_failed", failures=failures,
+                               detail=f"{type(e).__name__}: {str(e)[:2000]}")
+                    if failures >= TICK_FAILURES:
+                        raise DraftkitError(f"{failures} ticks in a row raised; the last: "
+                                            f"{type(e).__name__}: {e}") from e
                 self.sync_engines()
                 if once:
                     break
@@ -393,9 +457,12 @@ def _daemon_lock(root: Path) -> int:
 
 
 def _settled(rec: dict, current: str) -> bool:
-    """The engine serves `current`, or refused it already (asked again for a newer one)."""
+    """The engine serves `current`, or refused it already (asked again for a newer one), or
+    is `behind` on it and waits out its backoff (rollout_servers.backoff)."""
+    waiting = rec.get("status") == "behind" and rec.get("refused") == current and \
+        (rec.get("retry_at") or 0) > time.time()
     return (rec.get("status") == "serving" and rec.get("version") == current) or \
-        (rec.get("status") == "refused" and rec.get("refused") == current)
+        (rec.get("status") == "refused" and rec.get("refused") == current) or waiting
 
 
 def watch(run_dir, checkpoints, rollouts, overrides=None, every=None, al_drop=None,

@@ -2,8 +2,10 @@
 
 The load takes vLLM's native draft update wherever the engine has it (`start_draft_weight_update`
 -> `update_weights` -> `finish_weight_update`, through draftkit's weight-transfer engine,
-serving/weight_transfer.py, which `engine_kwargs()` selects); the weight version becomes the
-draft's version name (`v0007`). Otherwise a worker extension loads it. Reports say which ran
+serving/weight_transfer.py, which `engine_kwargs()` selects). vLLM's weight version belongs to
+the policy (vLLM tags every output with it, and RL frameworks tag rollouts by it): draftkit
+never sets it. The draft's version is the name of the dir the drafter was loaded from
+(`draft_version`: `v0007`), which /draftkit/state reports. Otherwise a worker extension loads it. Reports say which ran
 (`"path": "native" | "worker extension"`); the check and the rollback are the same for both.
 
 vLLM gets a worker extension (`worker_extension_cls`, methods called through
@@ -18,6 +20,7 @@ vLLM gets a worker extension (`worker_extension_cls`, methods called through
                                form, which differs from the published tensors on the CPU)
   draftkit_drafter_path()      the resolved dir the drafter was last loaded from, by either
                                path (the start path is resolved on the first call: see below)
+  draftkit_boot_id()           an id drawn once per worker process: a restarted engine says so
   draftkit_after_load(kind)    the draft kind's step after every load (drafts/kind.py
                                `after_load`: state vLLM derived from the weights at load)
 The health check compares those hashes with the published tensors (`kind.engine_view`, cast
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import re
 import secrets
@@ -55,6 +59,7 @@ from pathlib import Path
 
 import torch
 
+from draftkit.core.config import RefreshConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
 from draftkit.serving import vllm_engine
@@ -64,6 +69,7 @@ EXTENSION = "draftkit.serving.drafter_swap.DrafterSwap"
 BACKEND = "draftkit"  # serving/weight_transfer.py's engine, registered by the vLLM plugin
 SECRET_ENV = "DRAFTKIT_SWAP_SECRET"
 NATIVE, EXTENSION_PATH = "native", "worker extension"
+MIN_DRAFTS = RefreshConfig.min_probe_drafts  # fewer measured draft steps decide nothing
 
 
 class DraftSwapError(DraftkitError):
@@ -108,6 +114,31 @@ def secret_matches(given: str | None, expected: str | None) -> bool:
                                hashlib.sha256(expected.encode()).digest())
 
 
+SIGNED = ("txn", "state", "verdict", "directory", "version", "restored", "al")
+
+
+def record_sig(rec: dict, secret: str) -> str:
+    """HMAC-SHA256 with the secret over a swap record's outcome (SIGNED, the client's random
+    `txn` among them): a reply bound to its request, which no proxy or stale listener without
+    the secret can forge."""
+    body = json.dumps({k: rec.get(k) for k in SIGNED}, sort_keys=True, default=str)
+    return hmac.new(secret.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def file_problems(directory: str | Path, weights: dict[str, str] | None) -> list[str]:
+    """Files of `directory` whose sha256 differs from `weights` (the digests recorded when it
+    was published; {} or None: nothing to compare). The hash check after a load compares the
+    engine with the files; this compares the files with what was published."""
+    problems = []
+    for name, digest in (weights or {}).items():
+        path = Path(directory, Path(name).name)
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            problems.append(f"{name} changed since it was published")
+    return problems
+
+
 def read_draft(directory: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's *.safetensors files (FileNotFoundError if none)."""
     from safetensors.torch import load_file
@@ -133,8 +164,14 @@ def tensor_digest(t: torch.Tensor) -> str:
     return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()
 
 
+_BOOT_ID = secrets.token_hex(8)  # per process: in a worker, one boot of the engine
+
+
 class DrafterSwap:
     """Mixed into vLLM's worker class; `self` is the worker."""
+
+    def draftkit_boot_id(self) -> str:
+        return _BOOT_ID
 
     def _draftkit_drafter(self):
         drafter = getattr(self.model_runner, "drafter", None)
@@ -214,12 +251,12 @@ def transfer_path(llm) -> str:
 
 
 def load(llm, kind, directory: str | Path, version: str | None = None) -> float:
-    """Reload the drafter in every worker (the native update where `transfer_path` says so;
-    `version` then becomes the engine's weight version), then the kind's after-load step;
-    returns the seconds it took."""
+    """Reload the drafter in every worker (the native update where `transfer_path` says so),
+    then the kind's after-load step; returns the seconds it took. `version` is not given to
+    vLLM: its weight version is the policy's (module doc); the drafter's path names the draft."""
     t0 = time.perf_counter()
     if transfer_path(llm) == NATIVE:
-        native_load(llm, directory, version)
+        native_load(llm, directory)
     else:
         llm.collective_rpc("draftkit_load_drafter",
                            args=(str(directory), os.environ.get(SECRET_ENV, "")))
@@ -227,13 +264,35 @@ def load(llm, kind, directory: str | Path, version: str | None = None) -> float:
     return time.perf_counter() - t0
 
 
-def native_load(llm, directory: str | Path, version: str | None = None) -> None:
-    """vLLM's native draft update from `directory`, carrying this process's secret. vLLM's
-    worker closes the session itself when update_weights raises."""
+def native_load(llm, directory: str | Path) -> None:
+    """vLLM's native draft update from `directory`, carrying this process's secret; the
+    engine's weight version (the policy's) is left as it is. vLLM's worker closes the session
+    itself when update_weights raises."""
     llm.start_draft_weight_update()
-    llm.update_weights({"update_info": {"directory": str(directory),
-                                        "secret": os.environ.get(SECRET_ENV, "")}})
-    llm.finish_weight_update(weight_version=version)
+    try:
+        llm.update_weights({"update_info": {"directory": str(directory),
+                                            "secret": os.environ.get(SECRET_ENV, "")}})
+    except BaseException:  # a timed-out or cancelled call: no update is left active
+        try:
+            llm.finish_weight_update()
+        except Exception:  # noqa: BLE001, S110 - closed already (vLLM closes on a raise)
+            pass
+        raise
+    llm.finish_weight_update()
+
+
+def draft_version(llm) -> str:
+    """The version of the draft the engine serves: the name of the dir its drafter was last
+    loaded from (`v0007`, `export`)."""
+    return version_name(drafter_path(llm))
+
+
+def boot_id(llm) -> str | None:
+    """The engine's boot id (worker 0's), None on an engine without draftkit's extension."""
+    try:
+        return llm.collective_rpc("draftkit_boot_id")[0]
+    except Exception:  # noqa: BLE001 - an older draftkit in the workers
+        return None
 
 
 def weight_version(llm) -> str | None:
@@ -331,21 +390,36 @@ def probe_al(llm, probes: list[list[int]], max_tokens: int) -> dict | None:
     return spec.as_dict() if spec.drafts else None
 
 
+def unmeasured(spec: dict | None, min_drafts: int = MIN_DRAFTS) -> str | None:
+    """Why a probe's counters decide nothing (fewer than `min_drafts` draft steps: a
+    max_tokens below k + 2, a k-schedule that drafts nothing at that batch, a saturated
+    engine), else None. Reading 0 drafts as AL 1.0 would condemn a good draft."""
+    drafts = (spec or {}).get("drafts", 0)
+    if drafts >= min_drafts:
+        return None
+    return (f"the probe measured {drafts} draft steps, fewer than {min_drafts} "
+            "(refresh.min_probe_drafts): nothing was decided about the draft. Raise "
+            "refresh.probe_max_tokens (at least k + 2) or probe when the engine drafts")
+
+
 def health_check(llm, kind, directory: str | Path, probes: list[list[int]] | None,
-                 min_al: float, max_tokens: int = 64) -> dict:
+                 min_al: float, max_tokens: int = 64, min_drafts: int = MIN_DRAFTS) -> dict:
     """{"ok", "hash_problems", "al", "spec"}: hashes equal in every worker and AL > min_al.
-    Refuses (DraftSwapError) without probes or with min_al <= 1.0."""
+    Refuses (DraftSwapError) without probes or with min_al <= 1.0; a probe that measured
+    fewer than `min_drafts` draft steps raises DraftSwapError("error"): nothing decided."""
     require_check(probes, min_al)
     problems = hash_problems(llm, kind, directory)
     spec = probe_al(llm, probes, max_tokens)
-    al = spec["acceptance_length"] if spec else 1.0
+    if (why := unmeasured(spec, min_drafts)) is not None:
+        raise DraftSwapError(why, "error", str(directory))
+    al = spec["acceptance_length"]
     return {"ok": not problems and al > min_al, "hash_problems": problems[:10], "al": al,
             "min_al": min_al, "spec": spec}
 
 
 def begin(llm, kind, directory: str | Path, candidates: list[str | Path] = ()) -> dict:
     """What the engine holds before a swap: {"held": worker hashes, "previous": the dir whose
-    files hash to them, "previous_version": the engine's weight version}; refuses (nothing
+    files hash to them, "previous_version": its version name}; refuses (nothing
     loaded) when no dir holds them, since a failed check could not roll back."""
     held = engine_hashes(llm)
     started_on = drafter_path(llm)
@@ -356,14 +430,12 @@ def begin(llm, kind, directory: str | Path, candidates: list[str | Path] = ()) -
             f"serves now (its drafter came from {started_on}), so a failed check could not "
             "roll back. Pass the dir the engine was started on in `candidates`, or restart "
             "the engine on a draft dir that exists", directory=str(directory))
-    was = weight_version(llm)  # vLLM says "default" until a version is set: name the dir
-    return {"held": held, "previous": previous,
-            "previous_version": version_name(previous) if was in (None, "default") else was}
+    return {"held": held, "previous": previous, "previous_version": version_name(previous)}
 
 
 def load_checked(llm, kind, directory: str | Path, candidates: list[str | Path] = (),
                  version: str | None = None, reload_held: bool = True) -> dict:
-    """Load `directory` (version default: `version_name`) and compare the workers' hashes with
+    """Load `directory` (`version`, default `version_name`: the name reports carry) and compare the workers' hashes with
     its published tensors; on a difference or any exception the previous weights go back and
     DraftSwapError says whether they are. `reload_held=False`: an engine that already holds
     exactly these tensors is left alone ("loaded": False). The report keeps "held" (the
@@ -373,10 +445,9 @@ def load_checked(llm, kind, directory: str | Path, candidates: list[str | Path] 
     state = begin(llm, kind, directory, candidates)
     report = {"directory": directory, "version": version, "path": transfer_path(llm),
               "previous": state["previous"], "previous_version": state["previous_version"],
-              "held": state["held"], "hash_problems": [], "loaded": False, "swap_s": 0.0}
+              "held": state["held"], "hash_problems": [], "loaded": False, "swap_s": 0.0,
+              "boot_id": boot_id(llm)}
     if not reload_held and not diff(kind.engine_view(Path(directory)), state["held"]):
-        if weight_version(llm) != version and hasattr(llm, "update_weight_version"):
-            llm.update_weight_version(version)
         return report
     try:
         report["swap_s"] = load(llm, kind, directory, version)
@@ -407,21 +478,24 @@ def _rolled_back(llm, kind, report: dict, e: Exception) -> DraftSwapError:
 
 def swap_into(llm, directory: str | Path, kind, probes: list[list[int]] | None, min_al: float,
               max_tokens: int = 64, candidates: list[str | Path] = (),
-              version: str | None = None) -> dict:
+              version: str | None = None, min_drafts: int = MIN_DRAFTS) -> dict:
     """Load `directory` into the live drafter (the native update where the engine has it:
     report["path"]), check it, roll back on failure or on any exception (and raise
     DraftSwapError). `candidates`: dirs the engine's current drafter may have come from,
     tried when the worker's own path no longer holds its weights. `version`: the engine's
-    weight version after the swap (default: the dir's version name)."""
+    weight version after the swap (default: the dir's version name). A probe that measured
+    fewer than `min_drafts` draft steps rolls back with verdict "error" (nothing decided)."""
     require_check(probes, min_al)
     require_measurable(llm)
     report = load_checked(llm, kind, directory, candidates, version)
     held = report.pop("held")
     try:
         spec = probe_al(llm, probes, max_tokens)
+        if (why := unmeasured(spec, min_drafts)) is not None:
+            raise RuntimeError(why)
     except Exception as e:  # noqa: BLE001 - whatever broke, the old weights go back
         raise _rolled_back(llm, kind, {**report, "held": held}, e) from e
-    al = spec["acceptance_length"] if spec else 1.0
+    al = spec["acceptance_length"]
     report.update({"ok": al > min_al, "al": al, "min_al": min_al, "spec": spec})
     if report["ok"]:
         return report
@@ -436,8 +510,8 @@ def swap_into(llm, directory: str | Path, kind, probes: list[list[int]] | None, 
 
 def roll_back(llm, kind, previous: str, held: list[dict],
               version: str | None = None) -> tuple[str, bool]:
-    """Reload `previous` (weight version back to `version`); ("restored", True) when every
-    worker's hashes equal `held` again."""
+    """Reload `previous` (`version`: its name, for the caller's records); ("restored", True)
+    when every worker's hashes equal `held` again."""
     try:
         load(llm, kind, previous, version)
         now = engine_hashes(llm)

@@ -23,12 +23,16 @@ not finish: rolled back, nothing decided about the draft). Only `failed` may con
 rl/rollout_servers.py decides what a failure means for the store.
 
 The secret comes from DRAFTKIT_SWAP_SECRET (never a command-line flag). Redirects are refused:
-urllib would copy the secret header to whatever host a 30x names. `/v1` calls (the measuring
+urllib would copy the secret header to whatever host a 30x names. No HTTP proxy is used for
+engine URLs (DRAFTKIT_ENGINE_PROXY=1 opts in, with a warning), and a verdict counts only when
+the server signed it for this request (an HMAC with the secret over the record and the
+client's random `txn`). `/v1` calls (the measuring
 helpers below) carry `Authorization: Bearer $VLLM_API_KEY` when that is set (`--api-key`).
 """
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import json
 import os
@@ -36,11 +40,18 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 from draftkit.core.errors import DraftkitError
 from draftkit.serving.counters import SpecCounters
-from draftkit.serving.drafter_swap import SECRET_ENV, require_check, version_name
+from draftkit.serving.drafter_swap import (
+    MIN_DRAFTS,
+    SECRET_ENV,
+    record_sig,
+    require_check,
+    version_name,
+)
 from draftkit.serving.rollout_routes import HEADER, PREFIX
 
 COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts",
@@ -82,7 +93,17 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         raise _Redirected(code, newurl)
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+PROXY_ENV = "DRAFTKIT_ENGINE_PROXY"  # =1: engine URLs may go through HTTP(S)_PROXY (warned)
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """No proxy for engine URLs (a proxy would see the secret header and could answer for the
+    engine), unless DRAFTKIT_ENGINE_PROXY=1 opts in; redirects refused either way."""
+    if os.environ.get(PROXY_ENV) == "1":
+        warnings.warn(f"{PROXY_ENV}=1: engine calls go through the environment's HTTP proxy, "
+                      "which sees the swap secret", stacklevel=3)
+        return urllib.request.build_opener(_NoRedirect)
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
 
 
 def call(url: str, method: str, path: str, body: dict | None = None, timeout: float = 60.0,
@@ -94,7 +115,7 @@ def call(url: str, method: str, path: str, body: dict | None = None, timeout: fl
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with _OPENER.open(req, timeout=timeout) as r:
+        with _opener().open(req, timeout=timeout) as r:
             status, raw = r.status, r.read()
     except _Redirected as e:
         raise EngineError(url, f"{method} {path}: {e.reason}", status=e.code) from e
@@ -152,17 +173,20 @@ def state(url: str, timeout: float = 30.0, txn: str | None = None) -> dict:
 
 def swap_engine(url: str, directory: str | Path, kind: str, probes: list[list[int]],
                 min_al: float, max_tokens: int, timeout: float, candidates=(),
-                version: str | None = None, reload_held: bool = True) -> dict:
+                version: str | None = None, reload_held: bool = True,
+                min_drafts: int = MIN_DRAFTS, weights: dict | None = None) -> dict:
     """Start the swap transaction of `directory` on the engine at `url` and return its
     report once committed, or raise EngineError with the server's verdict (module doc).
     `reload_held=False`: an engine already holding these tensors is not reloaded (a check
-    after a sleep/wake reloads only a draft that was lost); it is probed all the same."""
+    after a sleep/wake reloads only a draft that was lost); it is probed all the same.
+    `weights`: the version's published digests (lineage.json), checked before the load."""
     require_check(probes, min_al)
     directory = os.path.realpath(directory)
     txn, pause_wait = uuid.uuid4().hex, min(PAUSE_WAIT_S, timeout)
     body = {"directory": directory, "kind": kind, "version": version or version_name(directory),
             "candidates": [os.path.realpath(c) for c in candidates], "reload_held": reload_held,
             "probes": probes, "min_al": min_al, "max_tokens": max_tokens, "txn": txn,
+            "min_drafts": min_drafts, "weights": weights or {},
             "probe_timeout_s": timeout, "pause_wait_s": pause_wait, "wait_s": timeout}
     deadline = time.monotonic() + 2 * timeout + pause_wait  # the server's longest transaction
     try:
@@ -173,7 +197,20 @@ def swap_engine(url: str, directory: str | Path, kind: str, probes: list[list[in
         rec = {}  # the reply was lost: the transaction may be running; ask for it
     if rec.get("state") not in DONE:
         rec = _await(url, txn, deadline, timeout)
-    return _verdict(url, rec)
+    return _verdict(url, _bound(url, rec, txn))
+
+
+def _bound(url: str, rec: dict, txn: str) -> dict:
+    """`rec` if it is the server's record of this request (its txn, signed with the secret:
+    drafter_swap.record_sig), else EngineError(transport): an answer anyone else wrote (a
+    proxy, a stale listener) decides nothing."""
+    sig = rec.get("sig")
+    if rec.get("txn") != txn or not isinstance(sig, str) or not hmac.compare_digest(
+            sig, record_sig(rec, secret())):
+        raise EngineError(url, f"an answer not bound to swap transaction {txn} (wrong txn or "
+                          "signature: a proxy, another listener, or a draftkit version older "
+                          "than the client's answered). Nothing was decided", txn=txn)
+    return rec
 
 
 def _await(url: str, txn: str, deadline: float, timeout: float) -> dict:

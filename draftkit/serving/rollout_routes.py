@@ -3,7 +3,7 @@
 that a trainer swaps drafts into running servers with no dev mode and behind a secret.
 
     DRAFTKIT_SWAP_SECRET=... VLLM_PLUGINS=draftkit vllm serve TARGET --host 10.0.0.5 \
-        --speculative-config "$(cat runs/rl/drafts/current/speculative_config.json)" \
+        --speculative-config "$(cat runs/rl/drafts/checked/speculative_config.json)" \
         --worker-extension-cls draftkit.serving.drafter_swap.DrafterSwap \
         --weight-transfer-config '{"backend": "draftkit"}'
 
@@ -14,13 +14,16 @@ authenticated even with `--api-key` (its middleware guards /v1, /v2, /inference,
 these routes need neither, and the weight-transfer engine refuses updates without the secret
 whichever route sent them.
 
-  GET  /draftkit/state   {"weight_version", "drafter_path", "transfer", "txn": the latest
-       transaction's record (state, verdict, al, error, ...)}; with ?txn=ID (or ?txn=last)
-       only {"txn": that record}, asking the engine nothing
-  POST /draftkit/check   {"directory", "kind"} -> {"hash_problems", "weight_version"}
+  GET  /draftkit/state   {"draft_version" (the name of the dir the drafter came from),
+       "drafter_path", "boot_id" (drawn once per engine boot), "transfer", "weight_version"
+       (vLLM's: the policy's, never set by draftkit), "txn": the latest transaction's record
+       (state, verdict, al, error, ...)}; with ?txn=ID (or ?txn=last) only {"txn": that
+       record}, asking the engine nothing
+  POST /draftkit/check   {"directory", "kind"} -> {"hash_problems", "draft_version"}
   POST /draftkit/swap    {"directory", "kind", "candidates", "version", "reload_held", "probes",
-                          "min_al", "max_tokens", "probe_timeout_s", "pause_wait_s", "txn",
-                          "wait_s"}
+                          "min_al", "max_tokens", "min_drafts", "probe_timeout_s",
+                          "pause_wait_s", "txn", "wait_s", "weights" (file -> sha256 at
+                          publish: files that differ are refused before anything loads)}
        one transaction on the server (swap_txn.py): wait out a pause draftkit did not take
        (else refused) -> pause (mode keep: requests wait, none is dropped) -> load (vLLM's
        native draft update) -> tensor hashes against the dir's published tensors -> resume
@@ -38,6 +41,7 @@ load (serving/vllm_version.py): vLLM logs the one line and mounts no route.
 
 import asyncio
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -62,7 +66,15 @@ class EngineAdapter:
         self.engine, self.loop = engine_client, loop
 
     def _wait(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(RPC_TIMEOUT_S)
+        """The call's result within RPC_TIMEOUT_S; past it the call is cancelled (not left
+        running on the loop) and TimeoutError raised."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(RPC_TIMEOUT_S)
+        except TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"an engine call did not answer within {RPC_TIMEOUT_S:g}s; it "
+                               "was cancelled") from None
 
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None):
         return self._wait(self.engine.collective_rpc(method, args=args, kwargs=kwargs))
@@ -143,22 +155,29 @@ class DraftkitEndpoints:
     async def init_state(self, engine_client, state, args) -> None:
         port = getattr(args, "port", None)
         if port is not None and not self.txns.tasks:  # API processes of one server share it
-            self.txns = swap_txn.Transactions(str(port))
+            boot = await _boot_id(engine_client)  # a restarted engine gets a fresh file
+            self.txns = swap_txn.Transactions(f"{port}-{boot}" if boot else str(port))
+            if ended := self.txns.end_stale():
+                log.warning("draftkit: ended %d swap transactions a restart left", len(ended))
         if not os.environ.get(SECRET_ENV):
             log.warning("draftkit: %s is not set: the /draftkit routes refuse every request",
                         SECRET_ENV)
+        if not os.environ.get(ROOTS_ENV):
+            log.warning("draftkit: %s is not set: a swap may load a draft from any directory "
+                        "this server can read (set it to the runs' directories)", ROOTS_ENV)
 
     # ------------------------------------------------------------------------- handlers
 
     async def _state(self, adapter: EngineAdapter, body: dict) -> tuple[int, dict]:
         if body.get("txn"):  # a transaction's outcome ("last": the latest): no engine call
-            return 200, {"ok": True, "txn": self.txns.get(None if body["txn"] == "last"
-                                                          else body["txn"])}
+            return 200, {"ok": True, "txn": _signed(self.txns.get(
+                None if body["txn"] == "last" else body["txn"]))}
 
         def work():
-            return {"ok": True, "weight_version": ds.weight_version(adapter),
-                    "drafter_path": ds.drafter_path(adapter),
-                    "transfer": ds.transfer_path(adapter)}
+            path = ds.drafter_path(adapter)
+            return {"ok": True, "draft_version": ds.version_name(path), "drafter_path": path,
+                    "boot_id": ds.boot_id(adapter), "transfer": ds.transfer_path(adapter),
+                    "weight_version": ds.weight_version(adapter)}  # the policy's, not the draft's
         status, out = await _in_thread(work)
         return status, {**out, "txn": self.txns.get()}
 
@@ -170,7 +189,7 @@ class DraftkitEndpoints:
         def work():
             problems = ds.hash_problems(adapter, args["kind"], args["directory"])
             return {"ok": not problems, "hash_problems": problems[:10],
-                    "weight_version": ds.weight_version(adapter),
+                    "draft_version": ds.draft_version(adapter),
                     "drafter_path": ds.drafter_path(adapter)}
         return await _in_thread(work)
 
@@ -187,7 +206,33 @@ class DraftkitEndpoints:
         status = {"committed": 200, "refused": 409, "error": 500}.get(rec["state"], 202)
         if rec["state"] == "rolled_back":
             status = 409 if rec.get("verdict") == "failed" else 500
-        return status, {"ok": rec["state"] == "committed", **rec}
+        return status, {"ok": rec["state"] == "committed", **_signed(rec)}
+
+
+def _signed(rec: dict | None) -> dict | None:
+    """The record with its `sig` (drafter_swap.record_sig): the client accepts no other."""
+    return None if rec is None else {**rec, "sig": ds.record_sig(rec, os.environ[SECRET_ENV])}
+
+
+async def _boot_id(engine_client) -> str | None:
+    """The engine's boot id (drafter_swap.DrafterSwap.draftkit_boot_id), None if it cannot
+    say within 30 s."""
+    try:
+        ids = await asyncio.wait_for(engine_client.collective_rpc("draftkit_boot_id"), 30)
+        return str(ids[0]) if ids and re.fullmatch(r"[0-9a-f]{1,32}", str(ids[0])) else None
+    except Exception:  # noqa: BLE001 - no extension, an older engine: keyed by port only
+        return None
+
+
+ROOTS_ENV = "DRAFTKIT_DRAFT_ROOTS"  # the server's allow-list: draft roots, os.pathsep-separated
+
+
+def allowed(directory: str) -> bool:
+    """`directory` (resolved) lies under one of DRAFTKIT_DRAFT_ROOTS (resolved); any when the
+    variable is unset (init_state warns)."""
+    roots = [r for r in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if r]
+    path = Path(os.path.realpath(directory))
+    return not roots or any(path.is_relative_to(os.path.realpath(r)) for r in roots)
 
 
 def _swap_args(body: dict, probe: bool = False) -> dict | str:
@@ -197,32 +242,54 @@ def _swap_args(body: dict, probe: bool = False) -> dict | str:
     if not isinstance(directory, str) or not Path(directory, "config.json").is_file():
         return (f"directory={directory!r} is not a draft dir this server can read (no "
                 "config.json there): the trainer and the server must share the filesystem")
+    if not allowed(directory):
+        return (f"directory={directory!r} is outside this server's draft roots ({ROOTS_ENV}="
+                f"{os.environ.get(ROOTS_ENV)!r}): add the run's directory to it and restart")
     try:
         kind = kinds.get(body.get("kind") or DEFAULT_KIND)
     except Exception as e:  # noqa: BLE001 - an unknown kind name
         return f"kind: {e}"
-    candidates = [c for c in body.get("candidates") or [] if isinstance(c, str)]
+    candidates = [c for c in body.get("candidates") or [] if isinstance(c, str) and allowed(c)]
     args = {"directory": directory, "kind": kind, "candidates": candidates,
             "version": body.get("version"), "reload_held": bool(body.get("reload_held", True))}
     return _probe_args(body, args) if probe else args
 
 
+MAX_PROBES, MAX_PROBE_TOKENS = 64, 8192  # caps on one swap's probe: prompts, ids per prompt
+NUMBERS = {  # the swap's numbers: (default, lowest allowed, highest allowed)
+    "max_tokens": (64, 1, MAX_PROBE_TOKENS), "min_drafts": (ds.MIN_DRAFTS, 1, 1 << 20),
+    "probe_timeout_s": (60, 0.001, 3600), "pause_wait_s": (30, 0, 3600), "wait_s": (60, 0, 3600)}
+
+
 def _probe_args(body: dict, args: dict) -> dict | str:
-    """The probe's arguments: token-id prompts and a threshold the check can fail."""
+    """The probe's arguments: token-id prompts (at most MAX_PROBES of at most MAX_PROBE_TOKENS
+    ids) and a threshold the check can fail; every number finite and within NUMBERS."""
     probes = body.get("probes")
     if not isinstance(probes, list) or not all(
             isinstance(p, list) and all(isinstance(t, int) for t in p) for p in probes):
         return "probes must be a list of token-id lists (the swap's check needs them)"
+    if len(probes) > MAX_PROBES or any(len(p) > MAX_PROBE_TOKENS for p in probes):
+        return (f"at most {MAX_PROBES} probe prompts of at most {MAX_PROBE_TOKENS} token ids "
+                "each (refresh.probe_prompts)")
     try:
         ds.require_check(probes, float(body.get("min_al", 0)))
-        nums = {k: float(body.get(k, d)) for k, d in (
-            ("max_tokens", 64), ("probe_timeout_s", 60), ("pause_wait_s", 30), ("wait_s", 60))}
+        nums = {k: float(body.get(k, d)) for k, (d, _, _) in NUMBERS.items()}
     except (DraftSwapError, TypeError, ValueError) as e:
         return str(e)
+    for key, (_, low, high) in NUMBERS.items():
+        if not (math.isfinite(nums[key]) and low <= nums[key] <= high):  # NaN fails too
+            return f"{key}={nums[key]} must be a finite number in [{low:g}, {high:g}]"
+    if not math.isfinite(float(body["min_al"])):
+        return f"min_al={body['min_al']} must be finite"
+    weights = body.get("weights") or {}
+    if not isinstance(weights, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weights.items()):
+        return "weights must map file names to sha256 digests (the version's lineage.json)"
     txn = body.get("txn")
     if txn is not None and not (isinstance(txn, str) and re.fullmatch(r"[\w-]{1,64}", txn)):
         return "txn must be 1-64 letters, digits, _ or -"
-    return {**args, **nums, "max_tokens": int(nums["max_tokens"]), "probes": probes,
+    return {**args, **nums, "max_tokens": int(nums["max_tokens"]),
+            "min_drafts": int(nums["min_drafts"]), "probes": probes, "weights": weights,
             "min_al": float(body["min_al"]), "txn": txn}
 
 

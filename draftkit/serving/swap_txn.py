@@ -21,10 +21,14 @@ leaves it running):
      is rolled back inside that pause and left paused) before the transaction ends.
 Verdicts: `passed` (committed), `failed` (measured: hashes differ or AL <= min_al; the only
 verdict that judges the draft), `error` (the swap or the probe raised; rolled back, nothing
-decided), `refused` (nothing loaded: busy, paused by someone else, an engine the probe cannot
-measure). Each transaction's record (`txn`, `state`, `verdict`, ...) is kept in memory and in a
-state file beside the lock, so `GET /draftkit/state?txn=ID` answers a client that lost the
-reply, from any API process.
+decided), `refused` (nothing loaded: busy, paused by someone else, a probe that cannot draft
+or does not fit --max-model-len, files that differ from their published digests, an engine the
+probe cannot measure). A probe that measured fewer than `min_drafts` draft steps is `error`,
+never `failed`. Each transaction's record (`txn`, `state`, `verdict`, ...) is kept in memory
+and in a state file in a private directory (`state_dir`), one per port and engine boot, written
+under its own lock, so `GET /draftkit/state?txn=ID` answers a client that lost the reply, from
+any API process; a restart ends the records it left (`end_stale`). Engine calls (is_paused,
+pause, resume) answer within ENGINE_CALL_S or end the transaction.
 
 Limits: the load and the hash check run in a thread that cannot be cancelled; a transaction
 cancelled by a server shutdown waits for it before it resumes the engine or releases the lock
@@ -51,10 +55,25 @@ from draftkit.serving.drafter_swap import DraftSwapError
 
 DONE = ("committed", "rolled_back", "refused", "error")
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics summary"
+ENGINE_CALL_S = 120.0  # is_paused / is_sleeping / pause / resume: each answers within this
+PROBE_PRIORITY = -(1 << 30)  # `--scheduling-policy priority`: lower runs first, ahead of rollouts
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("DRAFTKIT_STATE_DIR") or tempfile.gettempdir())
+    """Where the swap lock and state file live: DRAFTKIT_STATE_DIR, else a directory of this
+    user's in the temp dir (mode 0700; refused if another user owns it or others can write it:
+    a shared /tmp lets anyone pre-create or read the state)."""
+    if os.environ.get("DRAFTKIT_STATE_DIR"):
+        return Path(os.environ["DRAFTKIT_STATE_DIR"])
+    path = Path(tempfile.gettempdir()) / f"draftkit-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = path.lstat()
+    if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise DraftSwapError(f"{path} is not a private directory of this user (owner uid "
+                             f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}): remove it, or set "
+                             "DRAFTKIT_STATE_DIR to a directory only this user can write")
+    return path
 
 
 async def uncancellable(fut):
@@ -93,10 +112,21 @@ class Transactions:
 
     # --------------------------------------------------------------------------- records
 
+    @contextlib.contextmanager
+    def _state_lock(self):
+        """The state file's own lock (short: one read-modify-write; the swap lock is held by a
+        whole transaction)."""
+        fd = os.open(self.state_path.with_suffix(".state-lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def _save(self, rec: dict) -> dict:
         rec["updated"] = time.time()
         self.records[rec["txn"]] = rec
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), self._state_lock():
             saved = self._load()
             saved[rec["txn"]] = rec
             keep = dict(sorted(saved.items(), key=lambda kv: kv[1].get("started", 0))[-20:])
@@ -105,6 +135,18 @@ class Transactions:
             tmp.write_text(json.dumps({"txns": keep}, default=str))
             os.replace(tmp, self.state_path)
         return rec
+
+    def end_stale(self) -> list[str]:
+        """At start: a record left unfinished by an earlier boot (its task died with it) is
+        ended as `error` (nothing decided; the engine reports what it serves). Returns them."""
+        ended = []
+        for txn, rec in self._load().items():
+            if rec.get("state") not in DONE and txn not in self.tasks:
+                self._save({**rec, "state": "error", "verdict": "error", "finished": time.time(),
+                            "error": "the server restarted before this transaction ended; "
+                                     "nothing was decided"})
+                ended.append(txn)
+        return ended
 
     def _load(self) -> dict:
         try:
@@ -140,6 +182,7 @@ class Transactions:
             async with self.lock, self._file_lock(rec):
                 return await self._transact(adapter, args, rec)
         except Exception as e:  # noqa: BLE001 - the record says what broke
+            rec = self.records.get(rec["txn"], rec)  # the latest: `previous` kept after a load
             return self._save({**rec, "state": "error", "verdict": "error",
                                "error": f"{type(e).__name__}: {str(e)[:500]}",
                                "finished": time.time()})
@@ -153,8 +196,7 @@ class Transactions:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    self._save({**rec, "state": "queued"})
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # still `queued`, as saved by start()
             yield
         finally:
             os.close(fd)
@@ -166,11 +208,17 @@ class Transactions:
                 "this server cannot measure its own probe: it was started without per-request "
                 "spec-decode metrics. Restart it with " + PER_REQUEST_FLAG +
                 " (draftkit.serving.serve.command adds it)"))
+        if (unfit := probe_misfit(engine, args)) is not None:
+            return self._end(rec, "refused", "refused", error=unfit)
+        if bad := await asyncio.to_thread(ds.file_problems, args["directory"], args["weights"]):
+            return self._end(rec, "refused", "refused", error=(
+                f"{args['directory']}: {'; '.join(bad[:3])} (its lineage.json's digests): "
+                "nothing was loaded. Publish a new version instead of editing one"))
         if (busy := await self._wait_unpaused(engine, args["pause_wait_s"])) is not None:
             return self._end(rec, "refused", "refused", error=busy)
         rec = self._save({**rec, "state": "loading"})
         t0, paused_at = time.perf_counter(), time.time()
-        await engine.pause_generation(mode="keep", clear_cache=False)
+        await _bounded(engine.pause_generation(mode="keep", clear_cache=False), "pause")
         try:
             report = await uncancellable(asyncio.to_thread(
                 ds.load_checked, adapter, args["kind"], args["directory"], args["candidates"],
@@ -179,7 +227,7 @@ class Transactions:
             return self._end(rec, "rolled_back" if e.verdict != "refused" else "refused",
                              e.verdict, error=str(e), previous=e.previous, restored=e.restored)
         finally:
-            await engine.resume_generation()
+            await _bounded(engine.resume_generation(), "resume")
         held = report.pop("held")
         rec = self._save({**rec, **report, "state": "probing", "pause_s": time.perf_counter() - t0,
                           "paused_at": paused_at})
@@ -190,7 +238,11 @@ class Transactions:
         except Exception as e:  # noqa: BLE001 - unjudged: the previous draft goes back
             why = _probe_problem(e, args)
             return await self._roll_back(adapter, args, rec, held, "error", why)
-        al = spec.acceptance_length if spec.drafts else 1.0
+        if (why := ds.unmeasured(spec.as_dict(), args["min_drafts"])) is not None:
+            rec = {**rec, "probe": {"drafts": spec.drafts, "draft_tokens": spec.draft_tokens},
+                   "probe_s": time.perf_counter() - t1}
+            return await self._roll_back(adapter, args, rec, held, "error", why)
+        al = spec.acceptance_length
         rec = {**rec, "al": al, "probe": spec.as_dict(), "probe_s": time.perf_counter() - t1,
                "min_al": args["min_al"]}
         if al > args["min_al"]:
@@ -220,14 +272,14 @@ class Transactions:
         engine = adapter.engine
         foreign = await _ask(engine, "is_paused")  # paused by someone else meanwhile: keep it
         if not foreign:
-            await engine.pause_generation(mode="keep", clear_cache=False)
+            await _bounded(engine.pause_generation(mode="keep", clear_cache=False), "pause")
         try:
             state, restored = await uncancellable(asyncio.to_thread(
                 ds.roll_back, adapter, args["kind"], rec["previous"], held,
                 rec["previous_version"]))
         finally:
             if not foreign:
-                await engine.resume_generation()
+                await _bounded(engine.resume_generation(), "resume")
         return self._end(rec, "rolled_back", verdict, restored=restored, error=(
             f"swap to {rec['directory']} failed its check: {why}; the previous draft "
             f"{rec['previous']} is {state}. Outputs were never wrong (verification is "
@@ -240,7 +292,17 @@ class Transactions:
 
 async def _ask(engine, method: str) -> bool:
     call = getattr(engine, method, None)
-    return bool(await call()) if call is not None else False
+    return bool(await _bounded(call(), method)) if call is not None else False
+
+
+async def _bounded(coro, what: str):
+    """An engine call that must answer within ENGINE_CALL_S (TimeoutError naming it): a hung
+    engine never holds the swap lock for ever."""
+    try:
+        return await asyncio.wait_for(coro, ENGINE_CALL_S)
+    except (asyncio.TimeoutError, TimeoutError):
+        raise TimeoutError(f"the engine's {what} did not answer within {ENGINE_CALL_S:g}s") \
+            from None
 
 
 def per_request_metrics(engine) -> bool:
@@ -248,6 +310,25 @@ def per_request_metrics(engine) -> bool:
     `--per-request-spec-decode-metrics summary|detailed`)."""
     cfg = getattr(getattr(engine, "vllm_config", None), "observability_config", None)
     return getattr(cfg, "per_request_spec_decode_metrics", "none") != "none"
+
+
+def probe_misfit(engine, args: dict) -> str | None:
+    """Why the probe cannot measure on this engine, found before anything is paused or loaded:
+    max_tokens below k + 2 (nothing drafted), or a prompt plus max_tokens past the engine's
+    --max-model-len (a probe that raises after a pause and a load decides nothing)."""
+    cfg = getattr(engine, "vllm_config", None)
+    k = getattr(getattr(cfg, "speculative_config", None), "num_speculative_tokens", None)
+    limit = getattr(getattr(cfg, "model_config", None), "max_model_len", None)
+    if isinstance(k, int) and args["max_tokens"] < k + 2:
+        return (f"probe max_tokens={args['max_tokens']} < k + 2 = {k + 2}: the probe would "
+                "draft nothing and decide nothing. Raise refresh.probe_max_tokens; nothing "
+                "was loaded")
+    longest = max(len(p) for p in args["probes"])
+    if isinstance(limit, int) and longest + args["max_tokens"] > limit:
+        return (f"a probe prompt of {longest} tokens plus max_tokens={args['max_tokens']} does "
+                f"not fit the engine's --max-model-len {limit}: lower refresh.probe_max_tokens "
+                "or use shorter probe prompts; nothing was loaded")
+    return None
 
 
 async def probe(engine, probes: list[list[int]], max_tokens: int, timeout: float,
@@ -258,10 +339,12 @@ async def probe(engine, probes: list[list[int]], max_tokens: int, timeout: float
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     ids = [f"draftkit-probe-{tag}-{i}" for i in range(len(probes))]
+    sched = getattr(getattr(engine, "vllm_config", None), "scheduler_config", None)
+    ahead = {"priority": PROBE_PRIORITY} if getattr(sched, "policy", "") == "priority" else {}
 
     async def one(rid: str, prompt: list[int]):
         final = None
-        async for out in engine.generate({"prompt_token_ids": prompt}, params, rid):
+        async for out in engine.generate({"prompt_token_ids": prompt}, params, rid, **ahead):
             final = out
         return final.outputs[0].spec_decode_metrics if final and final.outputs else None
 

@@ -27,7 +27,7 @@ layers it had not finished back). The loaded directory is recorded on the model
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from draftkit.serving.drafter_swap import BACKEND, SECRET_ENV, read_draft, secret_matches
 
@@ -52,7 +52,7 @@ class DraftkitInitInfo(_InitInfo):
 @dataclass
 class DraftkitUpdateInfo(_UpdateInfo):
     directory: str  # a draft dir (speculators format) every worker can read
-    secret: str = ""  # the server's DRAFTKIT_SWAP_SECRET
+    secret: str = field(default="", repr=False)  # the server's DRAFTKIT_SWAP_SECRET: never logged
 
 
 class DraftkitWeightTransferEngine(_Engine):
