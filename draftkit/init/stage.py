@@ -2,6 +2,10 @@
 
     draftkit init --target Qwen3-8B --data math            # offline: shapes come from the registry
     draftkit init --target smollm2-135m --data math data.source=offline   # tiny CPU run
+    draftkit init --target Qwen3-8B --from-draft RedHatAI/Qwen3-8B-speculator.eagle3  # a published draft
+
+`--from-draft SRC` starts from a draft trained elsewhere (init/from_draft.py): the run's
+`drafts/current` is that draft, and drift, eval, export, refresh and watch follow directly.
 
 It prints the run's plan (init/plan.py: tokens, disk, memory, time on this machine) and, when
 an offline harvest would not fit the free disk, writes train.mode=online and says why.
@@ -95,10 +99,18 @@ def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
     return cfg
 
 
-def init_run(target: str, data: str, kind: str = "eagle3", k: int | None = None,
+def init_run(target: str, data: str | None, kind: str = "eagle3", k: int | None = None,
              name: str | None = None, runs_dir: str | Path = "runs", force: bool = False,
-             overrides: list[str] | None = None) -> Path:
-    """Write runs/<name>/draftkit.yaml and return the run dir."""
+             overrides: list[str] | None = None, from_draft: str | None = None) -> Path:
+    """Write runs/<name>/draftkit.yaml and return the run dir; with `from_draft`, the run of
+    an imported draft (its kind is the draft's: `kind` is not used)."""
+    if from_draft:
+        from draftkit.init.from_draft import import_run  # imports stage's resolve back
+
+        return import_run(target, from_draft, data, k, name, runs_dir, force, overrides)
+    if not data:
+        raise DraftkitError("init needs --data RECIPE (data_recipes/*.yaml), or --from-draft SRC "
+                            "to start from a trained draft")
     cfg = resolve(target, data, kind, k, name, overrides)
     run_dir = Path(runs_dir) / cfg.name
     paths = artifacts.RunPaths(run_dir, harvest_dir=cfg.harvest.dir or None)
@@ -119,6 +131,10 @@ def init_run(target: str, data: str, kind: str = "eagle3", k: int | None = None,
 def next_steps(run_dir: Path, cfg: RunConfig) -> str:
     info = registry.resolve(cfg.target.name)
     lines = [f"wrote {run_dir / config.CONFIG_NAME}"]
+    if (Path(run_dir) / "drafts" / "current").is_symlink():  # an imported draft
+        from draftkit.init.from_draft import describe
+
+        return "\n".join(lines + describe(Path(run_dir)))
     if info.source == registry.SOURCE_HUB:
         lines.append(f"needs downloading before prepare: {info.hub_id} (target weights)"
                      + ("" if cfg.data.source == "offline" else
