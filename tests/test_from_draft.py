@@ -208,6 +208,21 @@ def test_refuses_a_draft_for_another_target(tmp_path, spec_draft):
     assert "verifier num_hidden_layers" in msg  # its verifier has other shapes too
 
 
+def test_refuses_a_draft_built_for_another_tokenizer(tmp_path, spec_draft, tiny_target):
+    """Same shapes, another vocabulary: the tokenizer shipped with the draft is compared with
+    the target's, token by token."""
+    d = _copy(spec_draft, tmp_path)
+    tok = tiny_target.tokenizer.__class__.from_pretrained(tiny_target.path)
+    vocab = tok.get_vocab()
+    a, b = sorted(vocab, key=vocab.get)[10:12]
+    tok.save_pretrained(d)
+    spec = json.loads((d / "tokenizer.json").read_text())
+    model_vocab = spec["model"]["vocab"]
+    model_vocab[a], model_vocab[b] = model_vocab[b], model_vocab[a]  # two ids swapped
+    (d / "tokenizer.json").write_text(json.dumps(spec))
+    _refused(d, tmp_path, "tokenizer: the draft's .* differ in 2 of 512 tokens")
+
+
 def test_refuses_aux_ids_out_of_range(tmp_path, spec_draft):
     d = _copy(spec_draft, tmp_path)
     _edit_config(d, eagle_aux_hidden_state_layer_ids=[1, 3, 9])
@@ -239,3 +254,8 @@ def test_refuses_a_trained_embedding(tmp_path, spec_draft):
     d = _copy(spec_draft, tmp_path)
     _edit_config(d, embed_requires_grad=True)
     _refused(d, tmp_path, "trains its own token embedding")
+
+
+def test_init_needs_data_or_a_draft(tmp_path):
+    with pytest.raises(DraftkitError, match="init needs --data RECIPE"):
+        cli.run(["init", "--target", "tiny-llama", "--dir", str(tmp_path)])

@@ -100,6 +100,41 @@ def verifier_problems(name: str, info: registry.TargetInfo) -> list[str]:
             "of the target's lineage" for k in keys if getattr(v, k) != getattr(info, k)]
 
 
+def _local_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    return AutoTokenizer.from_pretrained(path)
+
+
+def tokenizer_problems(directory: Path, verifier: str, info: registry.TargetInfo) -> list[str]:
+    """The tokenizer that ships with the draft (else its verifier's, a local dir) against the
+    target's, token by token, where both are on this machine (nothing is downloaded)."""
+    from draftkit.targets.load import target_dir
+
+    verifier_dir = Path(verifier).expanduser() if verifier else None
+    for where in (directory, verifier_dir):
+        theirs = _local_tokenizer(where) if where is not None and where.is_dir() else None
+        if theirs is not None:
+            break
+    else:
+        return []
+    try:
+        ours = _local_tokenizer(target_dir(info))
+    except DraftkitError:  # a hub target not downloaded yet: shapes were checked
+        return []
+    if ours is None:
+        return []
+    a, b = theirs.get_vocab(), ours.get_vocab()
+    differ = sum(a.get(t) != i for t, i in b.items()) + len(set(a) - set(b))
+    if not differ:
+        return []
+    return [f"tokenizer: the draft's ({where}) and target {info.name}'s differ in {differ} of "
+            f"{len(b)} tokens -> the draft was built for another tokenizer; import a draft "
+            "trained for this target"]
+
+
 def draft_overrides(f: foreign.Foreign, k: int | None) -> list[str]:
     """The run's draft.* fields as the imported draft has them (the command line's come after)."""
     s = f.spec
@@ -112,9 +147,12 @@ def draft_overrides(f: foreign.Foreign, k: int | None) -> list[str]:
     return [f"draft.{key}={json.dumps(v)}" for key, v in fields.items()]
 
 
-def check(f: foreign.Foreign, info: registry.TargetInfo, src: str) -> None:
+def check(f: foreign.Foreign, info: registry.TargetInfo, source: Source) -> None:
     problems = foreign.mismatches(f.spec, info) + verifier_problems(
         f.spec.verifier_name_or_path, info)
+    if not problems:
+        problems = tokenizer_problems(source.directory, f.spec.verifier_name_or_path, info)
+    src = source.given
     if problems:
         raise DraftkitError(f"--from-draft {src} does not fit target {info.name} "
                             f"({len(problems)} problems):\n  " + "\n  ".join(problems))
@@ -130,7 +168,7 @@ def import_run(target: str, src: str, data: str | None = None, k: int | None = N
     source = resolve_source(src)
     found = foreign.read(source.directory)
     foreign.fill_default_aux(found, info)
-    check(found, info, src)
+    check(found, info, source)
     base = name or f"{info.name.split('/')[-1].lower()}-{Path(src.rstrip('/')).name.lower()}"
     cfg = resolve(target, data or config.DataConfig().recipe, found.kind, None, base,
                   [*IMPORT_DEFAULTS, *draft_overrides(found, k), *(overrides or [])])
