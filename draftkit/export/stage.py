@@ -19,6 +19,7 @@ against its working directory; `load_speculative_config` resolves it against the
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -51,18 +52,13 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
 def export_current(run: Run) -> Path:
     """`drafts/current` (a version dir vLLM loads as it is) copied to the export dir, with this
     stage's meta.json; its lineage stays in the store."""
-    import shutil
-
-    from draftkit.rl.publish import LINEAGE, DraftStore
-
     t0 = time.perf_counter()
-    store = DraftStore(run.paths.root)
-    version = store.current()
-    src = store.root / version
+    src = (run.paths.root / "drafts" / "current").resolve()
+    version = src.name
     out = run.export_dir.resolve()
     with artifacts.atomic_dir(out, overwrite=True) as tmp:
         for f in src.iterdir():
-            if f.is_file() and f.name not in (LINEAGE, "meta.json", "failed.json"):
+            if f.is_file() and f.name not in ("lineage.json", "meta.json", "failed.json"):
                 shutil.copy2(f, tmp / f.name)
         provenance.write_meta(tmp, "export", run.cfg.to_dict(),
                               {"export_s": time.perf_counter() - t0}, source=str(src),

@@ -33,6 +33,7 @@ from draftkit.drafts.peagle import format as peagle_fmt
 from draftkit.init import foreign
 from draftkit.rl.publish import DraftStore
 from draftkit.targets.lineage import SHAPE_KEYS
+from draftkit.targets.load import target_dir
 
 FIRST = "v0000"
 # export's vLLM parity check compares with the AL training simulated: an imported draft has none
@@ -111,8 +112,6 @@ def _local_tokenizer(path: Path):
 def tokenizer_problems(directory: Path, verifier: str, info: registry.TargetInfo) -> list[str]:
     """The tokenizer that ships with the draft (else its verifier's, a local dir) against the
     target's, token by token, where both are on this machine (nothing is downloaded)."""
-    from draftkit.targets.load import target_dir
-
     verifier_dir = Path(verifier).expanduser() if verifier else None
     for where in (directory, verifier_dir):
         theirs = _local_tokenizer(where) if where is not None and where.is_dir() else None
@@ -158,12 +157,11 @@ def check(f: foreign.Foreign, info: registry.TargetInfo, source: Source) -> None
                             f"({len(problems)} problems):\n  " + "\n  ".join(problems))
 
 
-def import_run(target: str, src: str, data: str | None = None, k: int | None = None,
+def import_run(resolve, target: str, src: str, data: str | None = None, k: int | None = None,
                name: str | None = None, runs_dir: str | Path = "runs", force: bool = False,
                overrides: list[str] | None = None) -> Path:
-    """Check the draft at `src` against `target`, then write the run (module doc)."""
-    from draftkit.init.stage import resolve  # init's resolution, shared (stage imports us lazily)
-
+    """Check the draft at `src` against `target`, then write the run (module doc); `resolve`
+    is init's (init/stage.py: the run config of target, recipe, kind, k, name, overrides)."""
     info = registry.resolve(target)
     source = resolve_source(src)
     found = foreign.read(source.directory)

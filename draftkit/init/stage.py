@@ -28,6 +28,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import TargetInfo
 from draftkit.core.resources import configs_dir
 from draftkit.drafts import kind as kinds
+from draftkit.init import from_draft as from_draft_run
 from draftkit.init import plan
 from draftkit.prepare.recipes import check_recipe
 from draftkit.targets.capture import check_layer_ids
@@ -105,9 +106,8 @@ def init_run(target: str, data: str | None, kind: str = "eagle3", k: int | None 
     """Write runs/<name>/draftkit.yaml and return the run dir; with `from_draft`, the run of
     an imported draft (its kind is the draft's: `kind` is not used)."""
     if from_draft:
-        from draftkit.init.from_draft import import_run  # imports stage's resolve back
-
-        return import_run(target, from_draft, data, k, name, runs_dir, force, overrides)
+        return from_draft_run.import_run(resolve, target, from_draft, data, k, name, runs_dir,
+                                         force, overrides)
     if not data:
         raise DraftkitError("init needs --data RECIPE (data_recipes/*.yaml), or --from-draft SRC "
                             "to start from a trained draft")
@@ -132,9 +132,7 @@ def next_steps(run_dir: Path, cfg: RunConfig) -> str:
     info = registry.resolve(cfg.target.name)
     lines = [f"wrote {run_dir / config.CONFIG_NAME}"]
     if (Path(run_dir) / "drafts" / "current").is_symlink():  # an imported draft
-        from draftkit.init.from_draft import describe
-
-        return "\n".join(lines + describe(Path(run_dir)))
+        return "\n".join(lines + from_draft_run.describe(Path(run_dir)))
     if info.source == registry.SOURCE_HUB:
         lines.append(f"needs downloading before prepare: {info.hub_id} (target weights)"
                      + ("" if cfg.data.source == "offline" else
