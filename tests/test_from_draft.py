@@ -259,3 +259,7 @@ def test_refuses_a_trained_embedding(tmp_path, spec_draft):
 def test_init_needs_data_or_a_draft(tmp_path):
     with pytest.raises(DraftkitError, match="init needs --data RECIPE"):
         cli.run(["init", "--target", "tiny-llama", "--dir", str(tmp_path)])
+
+
+def test_refuses_another_draft_kind(tmp_path, spec_draft):
+    _refused(spec_draft, tmp_path, "--draft dflash: the draft at .* is a eagle3 draft", kind="dflash")

@@ -104,10 +104,10 @@ def init_run(target: str, data: str | None, kind: str = "eagle3", k: int | None 
              name: str | None = None, runs_dir: str | Path = "runs", force: bool = False,
              overrides: list[str] | None = None, from_draft: str | None = None) -> Path:
     """Write runs/<name>/draftkit.yaml and return the run dir; with `from_draft`, the run of
-    an imported draft (its kind is the draft's: `kind` is not used)."""
+    an imported draft (its kind is the draft's; a `kind` other than the default must match)."""
     if from_draft:
         return from_draft_run.import_run(resolve, target, from_draft, data, k, name, runs_dir,
-                                         force, overrides)
+                                         force, overrides, kind=kind)
     if not data:
         raise DraftkitError("init needs --data RECIPE (data_recipes/*.yaml), or --from-draft SRC "
                             "to start from a trained draft")
