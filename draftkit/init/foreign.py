@@ -77,7 +77,7 @@ def read(directory: Path) -> Foreign:
 
 def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, or the shards a model.safetensors.index.json names."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # as every draftkit module reads safetensors
 
     single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
     if single.is_file():

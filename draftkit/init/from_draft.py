@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import constants, snapshot_download
+
 from draftkit.core import artifacts, config, provenance, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
@@ -55,13 +57,9 @@ def resolve_source(src: str) -> Source:
     if src.count("/") != 1 or path.exists() or src.startswith((".", "/", "~")):
         raise DraftkitError(f"--from-draft {src}: no such directory, and not a Hugging Face hub "
                             "id (owner/name)")
-    from huggingface_hub import snapshot_download
-
     try:  # the cache first: works offline, never touches the network
         snap = Path(snapshot_download(src, local_files_only=True))
     except Exception as cached_error:  # not cached (or only partly)
-        from huggingface_hub import constants
-
         if constants.HF_HUB_OFFLINE:
             raise DraftkitError(
                 f"--from-draft {src}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
@@ -102,11 +100,22 @@ def verifier_problems(name: str, info: registry.TargetInfo) -> list[str]:
 
 
 def _local_tokenizer(path: Path):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy: only when a tokenizer is compared
 
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
     return AutoTokenizer.from_pretrained(path)
+
+
+def _target_files(info: registry.TargetInfo) -> Path | None:
+    """The target's HF dir where it is on this machine: a hub target only from the cache (init
+    never downloads weights), the embedded and local ones as draftkit builds them."""
+    if info.source != registry.SOURCE_HUB:
+        return target_dir(info)
+    try:
+        return Path(snapshot_download(info.hub_id, local_files_only=True))
+    except Exception:  # not cached (huggingface_hub raises several kinds): nothing to compare
+        return None
 
 
 def tokenizer_problems(directory: Path, verifier: str, info: registry.TargetInfo) -> list[str]:
@@ -119,11 +128,9 @@ def tokenizer_problems(directory: Path, verifier: str, info: registry.TargetInfo
             break
     else:
         return []
-    try:
-        ours = _local_tokenizer(target_dir(info))
-    except DraftkitError:  # a hub target not downloaded yet: shapes were checked
-        return []
-    if ours is None:
+    here = _target_files(info)
+    ours = _local_tokenizer(here) if here is not None else None
+    if ours is None:  # a hub target not downloaded yet: its shapes were checked
         return []
     a, b = theirs.get_vocab(), ours.get_vocab()
     differ = sum(a.get(t) != i for t, i in b.items()) + len(set(a) - set(b))
