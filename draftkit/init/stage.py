@@ -2,6 +2,10 @@
 
     draftkit init --target Qwen3-8B --data math            # offline: shapes come from the registry
     draftkit init --target smollm2-135m --data math data.source=local   # tiny CPU run
+    draftkit init --target Qwen3-8B --from-draft RedHatAI/Qwen3-8B-speculator.eagle3  # a published draft
+
+`--from-draft SRC` starts from a draft trained elsewhere (init/from_draft.py): the run's
+`drafts/current` is that draft, and drift, eval, export, refresh and watch follow directly.
 
 It prints the run's plan (init/plan.py: tokens, disk, memory, time on this machine) and, when
 a stored harvest would not fit the free disk, writes train.mode=online and says why.
@@ -25,6 +29,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import TargetInfo
 from draftkit.core.resources import configs_dir
 from draftkit.drafts import kind as kinds
+from draftkit.init import from_draft as from_draft_run
 from draftkit.init import plan
 from draftkit.prepare.recipes import check_recipe
 from draftkit.targets.capture import check_layer_ids
@@ -96,10 +101,17 @@ def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
     return cfg
 
 
-def init_run(target: str, data: str, kind: str = "eagle3", k: int | None = None,
+def init_run(target: str, data: str | None, kind: str = "eagle3", k: int | None = None,
              name: str | None = None, runs_dir: str | Path = "runs", force: bool = False,
-             overrides: list[str] | None = None) -> Path:
-    """Write runs/<name>/draftkit.yaml and return the run dir."""
+             overrides: list[str] | None = None, from_draft: str | None = None) -> Path:
+    """Write runs/<name>/draftkit.yaml and return the run dir; with `from_draft`, the run of
+    an imported draft (its kind is the draft's; a `kind` other than the default must match)."""
+    if from_draft:
+        return from_draft_run.import_run(resolve, target, from_draft, data, k, name, runs_dir,
+                                         force, overrides, kind=kind)
+    if not data:
+        raise DraftkitError("init needs --data RECIPE (data_recipes/*.yaml), or --from-draft SRC "
+                            "to start from a trained draft")
     cfg = resolve(target, data, kind, k, name, overrides)
     run_dir = Path(runs_dir) / cfg.name
     paths = artifacts.RunPaths(run_dir, harvest_dir=cfg.harvest.dir or None)
@@ -121,6 +133,8 @@ def init_run(target: str, data: str, kind: str = "eagle3", k: int | None = None,
 def next_steps(run_dir: Path, cfg: RunConfig) -> str:
     info = registry.resolve(cfg.target.name)
     lines = [f"wrote {run_dir / config.CONFIG_NAME}"]
+    if (Path(run_dir) / "drafts" / "current").is_symlink():  # an imported draft
+        return "\n".join(lines + from_draft_run.describe(Path(run_dir)))
     if info.source == registry.SOURCE_HUB:
         lines.append(f"needs downloading before prepare: {info.hub_id} (target weights)"
                      + ("" if cfg.data.source == "local" else

@@ -58,6 +58,9 @@ def write_files(tmp: Path, out: Path, spec, tensors: dict, mask_token_id: int, c
     from safetensors.torch import save
 
     tensors = {k: v.contiguous() for k, v in tensors.items()}
+    # the speculators package's parameter shape (its loader refuses a flat one); vLLM and
+    # draftkit read any shape of A*Ht values
+    tensors[fmt.MASK_HIDDEN] = tensors[fmt.MASK_HIDDEN].reshape(1, 1, -1)
     artifacts.write_bytes_atomic(tmp / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec, mask_token_id))
     write_serving_files(tmp, cfg, readme(out.name, spec, mask_token_id, cfg))

