@@ -11,7 +11,7 @@ position p has read x_0..x_p, like the target's `last[p]`, and both score x_{p+1
 
 Memory and time: logits are [N, V] over the full vocab (49k-152k). Only positions whose next
 token is an assistant token are scored, in chunks of `chunk` rows (~2^26 logits), by
-`losses.LinearDistill`, which computes lm_head, loss and gradient chunk by chunk in one pass:
+`losses.linear_distill`, which computes lm_head, loss and gradient chunk by chunk in one pass:
 one chunk's logits alive at a time, and no second pass over [N, V] in the backward.
 """
 
@@ -73,7 +73,7 @@ class DraftLM(nn.Module):
                                        use_cache=False).last_hidden_state  # [B, T, Hd] normed
         dtype = autocast_dtype(hidden.device.type)  # the lm_head matmuls follow train.dtype
         head = self.lm.get_output_embeddings().weight  # [V, Hd] (tied: the embedding)
-        loss_sum, kl_sum, ce_sum, hits = losses.LinearDistill.apply(
+        loss_sum, kl_sum, ce_sum, hits = losses.linear_distill(
             hidden[need], head, batch["last"][need], shift(ids, 1)[need],  # [N, Hd], [N, H], [N]
             self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.divergence,
             self.chunk, dtype)

@@ -9,7 +9,7 @@ whose next token is learned (an assistant token): step 0 scores the positions Dr
 
 Loss = (1/k) sum_j mean D_j, D = train.loss's divergence (drafts/divergence.py), over the slots
 of step j whose label x_{a+1+j} is learned (plus train.ce_weight of hard-label CE), one
-`LinearDistill` pass per step. Metrics use the
+`linear_distill` pass per step. Metrics use the
 EAGLE-3/draft-lm keys (acceptance.aggregate sums them): a chain of k drafts from anchor a
 is slot 0..k-1 of that anchor, and step j counts in cond_acc_j only where steps < j were correct.
 """
@@ -75,7 +75,7 @@ class PardLM(DraftLM):
         counts, chain_ok, ce_total = {}, p.anchors >= 0, 0.0  # chain_ok [B, M]
         for j in range(self.k):
             label_at, state_at, scored = layout.step_targets(ids, learn, p.anchors, j)  # [B, M]
-            loss_sum, kl_sum, ce_sum, hits = losses.LinearDistill.apply(
+            loss_sum, kl_sum, ce_sum, hits = losses.linear_distill(
                 self.slot_rows(hidden, p, j)[scored], head,  # [N, Hd]
                 batch["last"][rows, state_at][scored], ids[rows, label_at][scored],  # [N, H], [N]
                 self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.divergence,
