@@ -157,3 +157,75 @@ def test_no_batch_by_vocab_tensor_is_built(one_thread):
     with Shapes():
         old_forward(model, batch)  # the check sees what the old path built
     assert [s for s in shapes if s[:2] == (b, t) and s[-1] == vd]
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _ttt_inputs(device="cpu", seed=0):
+    spec = make_spec("qwen3", (False, False, False, False))
+    g = torch.Generator().manual_seed(seed)
+    b, t, steps = 2, 11, 3
+    valid = torch.ones(b, t, dtype=torch.bool)
+    valid[1, 7:] = False
+    q = torch.randn(b, spec.num_attention_heads, t, spec.head_dim, generator=g)
+    k = torch.randn(b, spec.num_key_value_heads, steps * t, spec.head_dim, generator=g)
+    v = torch.randn(b, spec.num_key_value_heads, steps * t, spec.head_dim, generator=g)
+    return spec, *(x.to(device) for x in (valid, q, k, v)), t, steps
+
+
+def test_flex_attention_sees_the_keys_the_dense_ttt_mask_gives():
+    """The BlockMask rule (no dense [B, 1, T, 3T] mask) against SDPA under ttt_mask, every
+    step, padded rows included (forward: flex attention has no CPU backward)."""
+    from draftkit.drafts.eagle_family.layer import Attention, TTTAttention
+
+    spec, valid, q, k, v, t, steps = _ttt_inputs()
+    attn = Attention(spec, spec.hidden_size)
+    dense, flex = TTTAttention(valid, steps, flex=False), TTTAttention(valid, steps, flex=True)
+    assert dense.dense is not None and flex.dense is None
+    with torch.no_grad():
+        for j in range(steps):
+            ks, vs = k[:, :, : (j + 1) * t], v[:, :, : (j + 1) * t]
+            torch.testing.assert_close(flex(attn, q, ks, vs, j), dense(attn, q, ks, vs, j),
+                                       atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("make", [_eagle3, _peagle], ids=["eagle3", "peagle"])
+def test_the_head_gives_the_same_states_with_flex_attention(make, monkeypatch):
+    import functools
+
+    from draftkit.drafts.eagle_family import layer
+    from draftkit.drafts.eagle_family import model as family_model
+
+    model, batch = make()
+    valid = batch["attention_mask"].bool()
+    with torch.no_grad():
+        ref = model.ttt_states(batch["aux"], batch["input_ids"], valid)
+        monkeypatch.setattr(family_model, "TTTAttention",
+                            functools.partial(layer.TTTAttention, flex=True))
+        if make is _peagle:
+            from draftkit.drafts.peagle import model as peagle_model
+
+            monkeypatch.setattr(peagle_model, "TTTAttention",
+                                functools.partial(layer.TTTAttention, flex=True))
+        got = model.ttt_states(batch["aux"], batch["input_ids"], valid)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a[valid], b[valid], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_flex_attention_gives_the_dense_loss_and_gradients(monkeypatch):
+    import functools
+
+    from draftkit.drafts.eagle_family import layer
+    from draftkit.drafts.eagle_family import model as family_model
+
+    model, batch = _eagle3()
+    model, batch = model.cuda().train(), {k: v.cuda() for k, v in batch.items()}
+    new_loss, _, new_g = _grads(model, type(model).__call__, batch)  # flex on CUDA
+    monkeypatch.setattr(family_model, "TTTAttention",
+                        functools.partial(layer.TTTAttention, flex=False))
+    old_loss, _, old_g = _grads(model, type(model).__call__, batch)
+    assert new_loss.item() == pytest.approx(old_loss.item(), rel=1e-4)
+    for name in old_g:
+        torch.testing.assert_close(new_g[name], old_g[name], rtol=1e-3, atol=1e-5, msg=name)

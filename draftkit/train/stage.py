@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import config
+from draftkit.core import config, hardware
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.batching import plan_batches, to_device
 from draftkit.core.config import Run
@@ -46,6 +46,7 @@ from draftkit.train.data import (
     TokenSource,
     epoch_plan,
 )
+from draftkit.train.near_hardware import compile_parts, frozen_to
 
 
 def _extra_runs(run: Run) -> list[RunPaths]:
@@ -124,6 +125,10 @@ def train(run_dir: Path, overrides: list[str] | None = None,
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
     model = build_draft(cfg, data_runs, target).to(device=device, dtype=dtype)
+    # the frozen target copies in the dtype autocast computes in (bf16 where native)
+    frozen_to(model, hardware.torch_dtype(cfg.train.dtype, device, key="train.dtype"))
+    if cfg.train.compile:
+        compile_parts(model)
     model.divergence = Divergence.from_config(cfg.train)  # train.loss, every kind
     if cfg.train.feature_noise:
         model.feature_noise = cfg.train.feature_noise
@@ -146,7 +151,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
 
     def batches(epoch: int) -> PlannedBatches:
         plan = epoch_plan(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch, pad)
-        return PlannedBatches(plan, build, cfg.train.num_workers)
+        return PlannedBatches(plan, build, cfg.train.num_workers, pin=device.type == "cuda")
 
     evaluate = make_evaluator(BatchBuilder(eval_src, dtype, capture, pad_multiple=pad),
                               cfg.train.batch_tokens)

@@ -26,7 +26,7 @@ from draftkit.core.hardware import autocast_dtype
 from draftkit.drafts import divergence, fused_loss
 from draftkit.drafts.acceptance import (
     COUNT_KEYS,
-    metrics_from_counts,
+    DeviceMetrics,
     shift,  # noqa: F401 - drafts/dflash reads losses.shift
 )
 from draftkit.drafts.divergence import KL, Divergence
@@ -69,14 +69,14 @@ def step_terms(rows: torch.Tensor, weight: torch.Tensor, tgt_logits: torch.Tenso
 
 
 def combine(kl_sums: list[torch.Tensor], counts: list[dict[str, torch.Tensor]],
-            decay: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """Weighted per-step masked means -> (loss with grad, metrics with counts as floats)."""
+            decay: float) -> tuple[torch.Tensor, DeviceMetrics]:
+    """Weighted per-step masked means -> (loss with grad, metrics with counts, read from the
+    device when first accessed: acceptance.DeviceMetrics)."""
     loss = kl_sums[0].new_zeros(())
-    flat: dict[str, float] = {}
+    flat: dict[str, torch.Tensor | float] = {}
     for j, (kl_sum, c) in enumerate(zip(kl_sums, counts, strict=True)):
         w = decay ** j
         loss = loss + w * kl_sum / c["n"].clamp(min=1)
-        flat.update({f"{k}_{j}": float(c[k].item()) for k in COUNT_KEYS})
+        flat.update({f"{k}_{j}": c[k] for k in COUNT_KEYS})
         flat[f"w_{j}"] = float(w)
-    return loss, metrics_from_counts(flat)
-
+    return loss, DeviceMetrics(flat)

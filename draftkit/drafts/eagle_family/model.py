@@ -45,12 +45,13 @@ from draftkit.drafts.eagle_family import format as fmt
 from draftkit.drafts.eagle_family import init_layer, losses
 from draftkit.drafts.eagle_family.format import DraftSpec
 from draftkit.drafts.eagle_family.layer import (
+    MLP,
     Eagle3Layer,
     RMSNorm,
     Rotary,
+    TTTAttention,
     causal_mask,
     rms_norm,
-    ttt_mask,
 )
 from draftkit.drafts.eagle_family.target_tensors import module_tensors, read_target_tensors
 from draftkit.drafts.eagle_family.vocab import DraftVocab
@@ -73,6 +74,8 @@ class FamilyDraft(nn.Module, abc.ABC):
 
     # how to get a draft whose verifier parts are loaded (verifier_targets' error)
     LOAD_HINT = "build the model with Eagle3Draft.from_run_config or from_pretrained"
+    # frozen copies of the target's tensors: training holds them in its compute dtype
+    FROZEN_TARGET_PARTS = ("embed_tokens.weight", "verifier_norm", "verifier_lm_head")
 
     def __init__(self, spec, vocab: DraftVocab, ttt_decay: float):
         super().__init__()
@@ -119,6 +122,10 @@ class FamilyDraft(nn.Module, abc.ABC):
             self.lm_head.weight.data.copy_(lm_head[self.t2d.to(lm_head.device)])
         if init_norm:
             self.norm.weight.data.copy_(norm)
+
+    def compile_parts(self) -> list[nn.Module]:
+        """What train.compile compiles: the norms and MLPs (elementwise chains that fuse)."""
+        return [m for m in self.modules() if isinstance(m, (RMSNorm, MLP))]
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
@@ -354,31 +361,31 @@ class Eagle3Draft(FamilyDraft):
         valid = attention_mask.bool()  # [B, T]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, T]
         hidden = self.fuse(aux)  # [B, T, H]: step-0 features fuse(h_t)
-        mask = ttt_mask(valid, self.ttt_steps)  # [B, 1, T, steps*T]
-        t = input_ids.shape[1]
+        attention = TTTAttention(valid, self.ttt_steps)  # the keys each step's queries see
         keys = [[] for _ in self.layers]  # per layer: the K of steps 0..j
         values = [[] for _ in self.layers]
         states = []
         for j in range(self.ttt_steps):
             cos, sin = self.rotary(positions + j, hidden.dtype)  # position t+j
             embeds = self.embed_tokens(acceptance.shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
-            prenorm = self.ttt_layers(embeds, hidden, cos, sin, keys, values, mask[..., : (j + 1) * t])
+            prenorm = self.ttt_layers(embeds, hidden, cos, sin, keys, values, attention, j)
             post = self.norm(prenorm)
             states.append(post)
             hidden = post if self.spec.norm_output else prenorm  # next step's hidden
         return states
 
     def ttt_layers(self, embeds: torch.Tensor, prenorm: torch.Tensor, cos, sin,
-                   keys: list[list], values: list[list], mask: torch.Tensor) -> torch.Tensor:
-        """One TTT step through the decoder layers: its K/V are appended to each layer's
-        `keys`/`values` (steps 0..j), its queries attend to them under `mask` [B, 1, T, (j+1)T];
-        returns the step's pre-norm state [B, T, H]."""
+                   keys: list[list], values: list[list], attention: TTTAttention,
+                   j: int) -> torch.Tensor:
+        """TTT step j through the decoder layers: its K/V are appended to each layer's
+        `keys`/`values` (steps 0..j), its queries attend to them as `attention` says (the TTT
+        mask's structure, layer.py); returns the step's pre-norm state [B, T, H]."""
         for n, layer in enumerate(self.layers):
             q, k, v, residual = layer.begin(embeds, prenorm, cos, sin)
             keys[n].append(k)
             values[n].append(v)
-            out = layer.self_attn.attend(q, torch.cat(keys[n], dim=2),
-                                         torch.cat(values[n], dim=2), mask)  # keys [B,nKV,(j+1)T,hd]
+            out = attention(layer.self_attn, q, torch.cat(keys[n], dim=2),
+                            torch.cat(values[n], dim=2), j)  # keys [B,nKV,(j+1)T,hd]
             prenorm = layer.end(out, residual)  # [B, T, H]
         return prenorm
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from draftkit.drafts import divergence
-from draftkit.drafts.acceptance import metrics_from_counts, shift
+from draftkit.drafts.acceptance import DeviceMetrics, metrics_from_counts, num_steps, shift
 from draftkit.drafts.divergence import KL, Divergence
 from draftkit.drafts.fused_loss import LinearLoss
 
@@ -49,28 +49,37 @@ def distill_terms(draft_logits: torch.Tensor, target_logits: torch.Tensor, label
 
 
 def chain_counts(correct: torch.Tensor, valid: torch.Tensor, k: int,
-                 kl_sum: float) -> dict[str, float]:
-    """Counts of the teacher-forced k-draft chains (keys of eagle_family.losses, so `aggregate` sums
-    them exactly). correct [B, T] bool (False where not valid), valid [B, T] bool."""
-    out: dict[str, float] = {}
+                 kl_sum: torch.Tensor | float) -> dict[str, torch.Tensor | float]:
+    """Counts of the teacher-forced k-draft chains (keys of eagle_family.losses, so `aggregate`
+    sums them exactly), as 0-dim tensors on the batch's device. correct [B, T] bool (False
+    where not valid), valid [B, T] bool."""
+    out: dict[str, torch.Tensor | float] = {}
     chain_ok = torch.ones_like(valid)  # drafts < j all correct, for a chain starting at t
     for j in range(k):
         valid_j, correct_j = shift(valid, j), shift(correct, j)  # [B, T] at position t+j
         cond = valid_j & chain_ok
-        out.update({f"n_{j}": float(valid_j.sum()), f"correct_{j}": float(correct_j.sum()),
-                    f"cond_n_{j}": float(cond.sum()), f"cond_correct_{j}": float((cond &
-                                                                                 correct_j).sum()),
+        out.update({f"n_{j}": valid_j.sum(), f"correct_{j}": correct_j.sum(),
+                    f"cond_n_{j}": cond.sum(), f"cond_correct_{j}": (cond & correct_j).sum(),
                     f"kl_sum_{j}": kl_sum if j == 0 else 0.0, f"w_{j}": 1.0 if j == 0 else 0.0})
         chain_ok = chain_ok & correct_j
     return out
 
 
-def metrics(correct: torch.Tensor, valid: torch.Tensor, k: int, kl_sum: float,
-            ce_sum: float) -> dict[str, float]:
-    """Counts plus derived metrics (loss = mean KL, acc_j, cond_acc_j, sim_al, ce)."""
-    out = metrics_from_counts(chain_counts(correct, valid, k, kl_sum))
-    out["ce"] = ce_sum / max(1.0, out["n_0"])
+def with_ce(counts: dict[str, float]) -> dict[str, float]:
+    """metrics_from_counts plus `ce` = ce_sum / (positions of every step), from a `ce_sum`."""
+    counts = dict(counts)
+    ce_sum = counts.pop("ce_sum")
+    out = metrics_from_counts(counts)
+    out["ce"] = ce_sum / max(1.0, sum(out[f"n_{j}"] for j in range(num_steps(out))
+                                      if out[f"w_{j}"]))
     return out
+
+
+def metrics(correct: torch.Tensor, valid: torch.Tensor, k: int, kl_sum: torch.Tensor | float,
+            ce_sum: torch.Tensor | float) -> DeviceMetrics:
+    """Counts plus derived metrics (loss = mean divergence, acc_j, cond_acc_j, sim_al, ce), read
+    from the device when first accessed (acceptance.DeviceMetrics)."""
+    return DeviceMetrics({**chain_counts(correct, valid, k, kl_sum), "ce_sum": ce_sum}, with_ce)
 
 
 # ----------------------------------------------------------------------------- fused head + loss

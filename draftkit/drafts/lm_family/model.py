@@ -30,6 +30,9 @@ from draftkit.drafts.lm_family import losses
 
 
 class DraftLM(nn.Module):
+    # frozen copies of the target's tensors: training holds them in its compute dtype
+    FROZEN_TARGET_PARTS = ("target_norm", "target_lm_head")
+
     def __init__(self, lm: nn.Module, target_norm: torch.Tensor, target_lm_head: torch.Tensor,
                  rms_norm_eps: float, num_speculative_tokens: int = 3, ce_weight: float = 0.0,
                  chunk: int = 0):
@@ -57,6 +60,10 @@ class DraftLM(nn.Module):
                    float(target_model.config.rms_norm_eps), cfg.draft.num_speculative_tokens,
                    cfg.train.ce_weight)
 
+    def compile_parts(self) -> list[nn.Module]:
+        """What train.compile compiles: the small LM's decoder layers."""
+        return list(self.lm.get_decoder().layers)
+
     # ----------------------------------------------------------------- training
 
     def target_logits(self, last: torch.Tensor) -> torch.Tensor:
@@ -79,8 +86,8 @@ class DraftLM(nn.Module):
             self.chunk, dtype)
         correct = torch.zeros_like(need)  # [B, T]
         correct[need] = hits
-        n = max(1, int(need.sum()))
-        return loss_sum / n, losses.metrics(correct, need, self.k, float(kl_sum), float(ce_sum))
+        n = need.sum().clamp(min=1)  # no host sync: metrics stay on the device until read
+        return loss_sum / n, losses.metrics(correct, need, self.k, kl_sum, ce_sum)
 
     # ----------------------------------------------------------------- save
 
