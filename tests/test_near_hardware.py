@@ -125,3 +125,18 @@ def test_on_cuda_compiled_parts_give_the_same_loss():
     compile_parts(model)
     got, _ = model(batch)
     assert got.item() == pytest.approx(ref.item(), rel=1e-4)
+
+
+def test_device_metrics_are_written_as_json_like_a_dict(tmp_path):
+    """A draft's metrics (read from the device on access) saved as they are, e.g. in a best
+    checkpoint's meta.json, give their numbers, not a repr."""
+    import json
+
+    from draftkit.core import artifacts
+
+    m = DeviceMetrics({"n_0": torch.tensor(4), "correct_0": torch.tensor(3), "cond_n_0": 4.0,
+                       "cond_correct_0": torch.tensor(3), "kl_sum_0": torch.tensor(2.0),
+                       "w_0": 1.0})
+    artifacts.write_json_atomic(tmp_path / "m.json", {"eval": m})
+    got = json.loads((tmp_path / "m.json").read_text())["eval"]
+    assert got == dict(m) and got["acc_0"] == 0.75 and got["sim_al"] == 1.75
