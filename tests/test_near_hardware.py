@@ -140,3 +140,41 @@ def test_device_metrics_are_written_as_json_like_a_dict(tmp_path):
     artifacts.write_json_atomic(tmp_path / "m.json", {"eval": m})
     got = json.loads((tmp_path / "m.json").read_text())["eval"]
     assert got == dict(m) and got["acc_0"] == 0.75 and got["sim_al"] == 1.75
+
+
+def test_train_holds_batches_and_frozen_parts_in_the_compute_dtype(tmp_path, tiny_target,
+                                                                   monkeypatch):
+    """`draftkit train RUN train.dtype=bfloat16` (what auto gives where bf16 is native): the
+    model sees bf16 states and bf16 frozen target parts beside fp32 trainable weights; with
+    train.dtype=float32 everything stays fp32."""
+    import warnings
+
+    from _runs import DRAFT, make_run, one_thread, write_token_counts
+
+    from draftkit import api
+    from draftkit.drafts.eagle_family.model import Eagle3Draft
+
+    seen = []
+    real = Eagle3Draft.forward
+
+    def spy(self, batch):
+        seen.append((batch["aux"].dtype, batch["last"].dtype, self.verifier_lm_head.dtype,
+                     self.embed_tokens.weight.dtype, self.fc.weight.dtype))
+        return real(self, batch)
+
+    monkeypatch.setattr(Eagle3Draft, "forward", spy)
+    with one_thread():
+        run = make_run(tmp_path, tiny_target.tokenizer, n_train=4, n_eval=2, overrides=[
+            *DRAFT, "train.max_steps=1", "train.batch_tokens=256", "train.num_workers=0",
+            "tracking.backend=none"])
+        write_token_counts(run)
+        api.harvest(run)
+        with warnings.catch_warnings():  # a CPU without native bf16 warns it is slow
+            warnings.simplefilter("ignore")
+            api.train(run, ["train.dtype=bfloat16"])
+        bf16 = set(seen)
+        seen.clear()
+        api.train(run, ["train.dtype=float32", "train.max_steps=2"])
+    b, f = torch.bfloat16, torch.float32
+    assert bf16 == {(b, b, b, b, f)}
+    assert set(seen) == {(f, f, f, f, f)}

@@ -121,12 +121,15 @@ def train(run_dir: Path, overrides: list[str] | None = None,
                             f"use a small value like 0.05 (0 = off), got {cfg.train.feature_noise}")
     data_runs = [run.paths, *_extra_runs(run)]  # checked before the target loads
     device = loop.train_device(cfg.train)  # this rank's GPU under accelerate launch
-    dtype = torch.float32  # master weights and batches; train.dtype sets autocast (loop.py)
+    dtype = torch.float32  # master weights; train.dtype sets autocast (loop.py)
+    # the dtype autocast computes in (bf16 where native, else fp32): the frozen target copies
+    # and the batches' states are held in it (the harvest's bf16 states as stored, half the
+    # host-to-device copy of fp32)
+    compute = hardware.torch_dtype(cfg.train.dtype, device, key="train.dtype")
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
     model = build_draft(cfg, data_runs, target).to(device=device, dtype=dtype)
-    # the frozen target copies in the dtype autocast computes in (bf16 where native)
-    frozen_to(model, hardware.torch_dtype(cfg.train.dtype, device, key="train.dtype"))
+    frozen_to(model, compute)
     if cfg.train.compile:
         compile_parts(model)
     model.divergence = Divergence.from_config(cfg.train)  # train.loss, every kind
@@ -145,7 +148,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         train_src = HarvestSource([_open_harvest(cfg, r, "train") for r in data_runs])
         eval_src = HarvestSource([_open_harvest(cfg, run.paths, "eval")])
     pad = cfg.train.pad_multiple
-    build = BatchBuilder(train_src, dtype, capture, cfg.train.loss_on, pad)  # eval: assistant only
+    build = BatchBuilder(train_src, compute, capture, cfg.train.loss_on, pad)  # eval: assistant only
     lengths = train_src.lengths()
     out = run.paths.train
 
@@ -153,7 +156,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         plan = epoch_plan(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch, pad)
         return PlannedBatches(plan, build, cfg.train.num_workers, pin=device.type == "cuda")
 
-    evaluate = make_evaluator(BatchBuilder(eval_src, dtype, capture, pad_multiple=pad),
+    evaluate = make_evaluator(BatchBuilder(eval_src, compute, capture, pad_multiple=pad),
                               cfg.train.batch_tokens)
     loop.fit(model, batches, evaluate, cfg.train, out, cfg.tracking, run_name=cfg.name,
              config_dict=cfg.to_dict(), stop_after=stop_after)
