@@ -90,6 +90,22 @@ def build_draft(cfg, data_runs: list[RunPaths], target) -> torch.nn.Module:
     return kinds.of(cfg).build(cfg, data_runs, target)
 
 
+def ready(model: torch.nn.Module, cfg, compute: torch.dtype) -> torch.nn.Module:
+    """What training sets on a built draft (in place; benchmarks/cost/train_step.py does the
+    same): the frozen target parts in the `compute` dtype, train.compile, the loss
+    (train.loss), train.feature_noise and train.freeze_head."""
+    frozen_to(model, compute)
+    if cfg.train.compile:
+        compile_parts(model)
+    model.divergence = Divergence.from_config(cfg.train)  # train.loss, every kind
+    if cfg.train.feature_noise:
+        model.feature_noise = cfg.train.feature_noise
+    if cfg.train.freeze_head:
+        model.norm.requires_grad_(False)
+        model.lm_head.requires_grad_(False)
+    return model
+
+
 def _online_source(paths: RunPaths, split: str) -> TokenSource:
     ds = load_split(paths.data, split)
     return TokenSource([{"input_ids": torch.tensor(r["input_ids"]),
@@ -128,16 +144,8 @@ def train(run_dir: Path, overrides: list[str] | None = None,
     compute = hardware.torch_dtype(cfg.train.dtype, device, key="train.dtype")
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
-    model = build_draft(cfg, data_runs, target).to(device=device, dtype=dtype)
-    frozen_to(model, compute)
-    if cfg.train.compile:
-        compile_parts(model)
-    model.divergence = Divergence.from_config(cfg.train)  # train.loss, every kind
-    if cfg.train.feature_noise:
-        model.feature_noise = cfg.train.feature_noise
-    if cfg.train.freeze_head:
-        model.norm.requires_grad_(False)
-        model.lm_head.requires_grad_(False)
+    model = ready(build_draft(cfg, data_runs, target).to(device=device, dtype=dtype), cfg,
+                  compute)
 
     capture = None
     if cfg.train.mode == "online":
