@@ -195,6 +195,12 @@ class SpeculativeRollouts:
             self._sync_dir = tempfile.mkdtemp(prefix="draftkit-policy-")
         if not self.cfg.refreshes:
             return
+        if ranks.tp_size > 1:
+            raise DraftkitError(
+                f"draftkit cannot check a swap into a vLLM engine with tensor parallel size "
+                f"{ranks.tp_size}: its workers hold shards, and the swap's hash check compares "
+                "whole tensors (rl/engines.py). Serve the draft frozen "
+                "(DraftkitConfig(refresh=False)) or use vllm_tensor_parallel_size=1")
         for turn in (True, False):
             if ranks.main == turn:
                 self.refresher = DraftRefresher(self.cfg.run, self.cfg.overrides,
@@ -237,7 +243,7 @@ class SpeculativeRollouts:
             self._warned = True
             log.warning("speculation drafted nothing in the generate call at step %d "
                         "(speculative_config %s)", step, self.speculative)
-        if self.refresher is not None or self.cfg.refreshes:
+        if self.refresher is not None:
             self._rows += [{"prompt_ids": list(p), "response_ids": list(c), "policy_step": step}
                            for p, c in zip(prompt_ids, completion_ids, strict=True)]
             self._al[0] += spec.drafts
@@ -256,7 +262,7 @@ class SpeculativeRollouts:
         """Every rank, at the same step boundary, after `step` policy updates: rollouts to rank
         0's refresher; a finished background refresh or a version another process published
         swapped in; then, when due, a refresh (sync or background)."""
-        if self.refresher is None and not self.cfg.refreshes:
+        if self.refresher is None:
             return
         self._gather(step)
         done = self.ranks.share(self._worker.poll() if self._worker and self.ranks.main
