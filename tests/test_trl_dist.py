@@ -59,7 +59,10 @@ def test_two_ranks_refresh_swap_all_or_none_and_survive_a_raising_refresh(launch
     run, ranks = launched
     store = DraftStore(run)
     for r in ranks:
-        print(json.dumps({"rank": r["rank"], "events": r["events"]}, default=str)[:3000])
+        print(r["rank"], [(g["step"], g["drafts"], g["accepted"]) for g in r["generations"]],
+              [(e["event"], e["step"], e.get("status"), (e.get("swap") or {}).get("verdict"),
+                [(x["rank"], x["verdict"], x.get("al")) for x in (e.get("swap") or {}).get(
+                    "engines", [])]) for e in r["events"]])
         assert r["steps"] == 4
         assert all(g["draft_tokens"] > 0 for g in r["generations"])  # every rank drafts
         assert max(r["logp_diff"]) < 1e-4  # each engine holds each step's policy

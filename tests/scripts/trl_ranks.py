@@ -94,7 +94,7 @@ def main(run: str, out: Path) -> None:
     args = GRPOConfig(output_dir=str(out / "grpo"), use_vllm=True, vllm_mode="colocate",
                       use_cpu=True, bf16=False, per_device_train_batch_size=4,
                       num_generations=2, max_completion_length=GEN, max_steps=4,
-                      learning_rate=1e-4, logging_steps=1, vllm_max_model_length=512,
+                      learning_rate=1e-5, logging_steps=1, vllm_max_model_length=512,
                       report_to="none", save_strategy="no", disable_tqdm=True, seed=0)
     trainer = SpeculativeGRPOTrainer(
         model=str(run_target_dir(load_config(run).target)), reward_funcs=reward_len,
