@@ -10,6 +10,9 @@ Variants, on the same math problems (draftkit.prepare.mathgen, eval split), seed
                           (taps_from_trainer=False): what the taps save
     refresh-bg            the refreshes of `refresh` in a background thread of rank 0
                           (DraftkitConfig(refresh_in="background")): training goes on meanwhile
+    refresh-watch         `draftkit watch` in another process refreshes from the rollouts the
+                          trainer writes and TRL's checkpoints (saved every `every` steps); the
+                          trainer follows what it publishes (refresh_in="watch")
 With `processes=2` every variant runs under `accelerate launch --num_processes 2` (gloo on a
 CPU): one colocated engine per rank, each with `prompts x generations` completions per step.
 The trainer's extra wall time per refresh, in GRPO steps: (the variant's `trainer.train()` wall
@@ -41,8 +44,10 @@ from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo root: `-m benchmarks...` children
-VARIANTS = ("none", "ngram", "suffix", "frozen", "refresh", "refresh-own", "refresh-bg")
-REFRESHED = ("refresh", "refresh-own", "refresh-bg")
+VARIANTS = ("none", "ngram", "suffix", "frozen", "refresh", "refresh-own", "refresh-bg",
+            "refresh-watch")
+REFRESHED = ("refresh", "refresh-own", "refresh-bg", "refresh-watch")
+IN = {"refresh-bg": "background", "refresh-watch": "watch"}  # refresh_in; else "sync"
 
 
 @dataclass
@@ -118,14 +123,17 @@ def one(cfg: BenchConfig, variant: str, out: Path) -> dict:
     dk = DraftkitConfig(run=str(run) if method == "draft" else None, method=method, k=cfg.k,
                         every=cfg.every if refreshed else 0, refresh=refreshed,
                         overrides=cfg.refresh_overrides,
-                        refresh_in="background" if variant == "refresh-bg" else "sync",
+                        refresh_in=IN.get(variant, "sync"),
                         taps_from_trainer=variant in ("refresh", "refresh-bg"))
     args = GRPOConfig(output_dir=str(out / "bench_trl_runs" / "trainer" / variant),
                       use_vllm=True, vllm_mode="colocate", use_cpu=True, bf16=False,
                       seed=cfg.seed, per_device_train_batch_size=cfg.prompts * cfg.generations,
                       num_generations=cfg.generations, max_completion_length=cfg.max_tokens,
                       max_steps=cfg.steps, learning_rate=cfg.lr, logging_steps=1,
-                      report_to="none", save_strategy="no", disable_tqdm=True,
+                      report_to="none", disable_tqdm=True,
+                      # the watch reads the policy from TRL's checkpoints
+                      save_strategy="steps" if variant == "refresh-watch" else "no",
+                      save_steps=cfg.every, save_only_model=True,
                       vllm_max_model_length=cfg.max_model_len)
     t0 = time.perf_counter()
     trainer = SpeculativeGRPOTrainer(model=str(run_target_dir(config.load(run).target)),
@@ -188,9 +196,27 @@ def _child(cfg: BenchConfig, variant: str, out: Path) -> dict:
         launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                   "--num_processes", str(cfg.processes), "--num_machines", "1",
                   "--mixed_precision", "no", "--dynamo_backend", "no", "-m"]
-    subprocess.run([*launch, "benchmarks.rl.trl_grpo", str(out), variant,
-                    json.dumps({**asdict(cfg), "run": str(run)})], check=True, env=env)
+    watch = _watch(cfg, run, out) if variant == "refresh-watch" else None
+    try:
+        subprocess.run([*launch, "benchmarks.rl.trl_grpo", str(out), variant,
+                        json.dumps({**asdict(cfg), "run": str(run)})], check=True, env=env)
+    finally:
+        if watch is not None:
+            watch.terminate()  # SIGTERM: it stops cleanly (rl/watch.py)
+            watch.wait(120)
     return json.loads((out / "bench_trl_runs" / f"{variant}.json").read_text())
+
+
+def _watch(cfg: BenchConfig, run: Path, out: Path) -> subprocess.Popen:
+    """`draftkit watch` beside the trainer: TRL's checkpoints and the rollouts it writes."""
+    ckpts = out / "bench_trl_runs" / "trainer" / "refresh-watch"
+    ckpts.mkdir(parents=True, exist_ok=True)
+    rollouts = run / "drafts" / "rollouts"
+    rollouts.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "draftkit.cli", "watch", str(run),
+                             *cfg.refresh_overrides, "--checkpoints", str(ckpts),
+                             "--rollouts", str(rollouts), "--every", str(cfg.every)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def run(cfg: BenchConfig, out: str | Path) -> dict:
