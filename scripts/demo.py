@@ -1,11 +1,12 @@
-"""The main job on the embedded target: init -> prepare -> harvest -> train -> export -> eval,
-then vLLM's measured AL and speed for the trained EAGLE-3 draft, and for a DFlash draft trained
-from the same data and harvest (the sibling run <name>-dflash), next to vLLM n-gram's and
+"""The main job on the embedded target: init -> prepare -> harvest -> train -> export -> eval ->
+export, then vLLM's measured AL and speed for the trained EAGLE-3 draft, and for a DFlash draft
+trained from the same data and harvest (the sibling run <name>-dflash), next to vLLM n-gram's and
 suffix decoding's (the methods that need no training) on the held-out eval split (k=3, T=0 and
 T=1, batch 1, 8 and 16), and on two more prompt splits at batch 16: new problems of the training
-templates (what RL sees) and hand-written ones (eval/splits.py). From those rows eval exports
-the serving choice (serving.json): per batch range the fastest method no slower than no
-speculation at either temperature (export/choice.py); the DFlash rows are measured beside it
+templates (what RL sees) and hand-written ones (eval/splits.py). From those rows eval picks the
+serving choice (<run>/eval/choice.json), which the last export copies into the export
+(serving.json): per batch range the fastest method no slower than no speculation at either
+temperature (eval/choice.py); the DFlash rows are measured beside it
 (eval.compare_runs), not served by it. Export's own vLLM check is off here: eval serves the
 exports right after, in the same engines. The DFlash row costs its training (on the same
 harvest: no second prepare or harvest) and one more eval engine. Its trade: it trains half the
@@ -35,7 +36,7 @@ from draftkit.core.errors import DraftkitError
 
 # Sized to finish in under 20 minutes on a 2-core CPU; bench_eagle3.py runs the longer training.
 DEMO_OVERRIDES = [
-    "data.source=offline",
+    "data.source=local",
     "data.max_samples=240",  # raised by BF16_OVERRIDES where bf16 is native
     "data.eval_samples=48",
     "data.self_instruct=60",
@@ -119,12 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             _stage(stage, sibling, dflash, timings, "dflash_")
         result = _stage("evaluate", run, [*overrides, f"eval.compare_runs=[{sibling}]"],
                         timings)
+        # eval's pick (<run>/eval/choice.json) into the export: serving.json + README section
+        _stage("export", run, overrides, timings, "serving_")
     except DraftkitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     summary = _summary(result)
     summary["timings_s"] = timings
-    summary["hardware"] = hardware.summary()
     artifacts.write_json_atomic(run / "demo-summary.json", summary)
     print("\n" + json.dumps(summary, indent=2))
     return 0
@@ -182,14 +184,16 @@ def demo_overrides(tier: str = "auto") -> list[str]:
 def _summary(report: dict) -> dict:
     """vLLM AL and speed (k=3; T=0 in `methods` / `other_splits`, T=1 in the `_t1` keys) per
     method (none, n-gram, suffix, the draft) and batch size of the eval report, side by side
-    (a method eval could not serve here says why), and the serving choice per batch range."""
+    (a method eval could not serve here says why), the serving choice per batch range, and the
+    commit and machine the eval ran on (as every results/ file records them)."""
     t1 = _methods(report, 1.0)
     return {**_methods(report, 0.0), "methods_t1": t1["methods"],
             "other_splits_t1": t1["other_splits"],
             "serving_choice": [{key: p[key] for key in ("batch_from", "batch_to", "method", "k")}
                                | {"speedup": {t: x["speedup"]
                                               for t, x in p["by_temperature"].items()}}
-                               for p in report.get("choice", {}).get("ranges", [])]}
+                               for p in report.get("choice", {}).get("ranges", [])],
+            "git_sha": report.get("git_sha"), "hardware": report.get("hardware")}
 
 
 def _methods(report: dict, temperature: float) -> dict:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 TARGET = "tiny-llama"
 OVERRIDES = [
-    "data.source=offline", "data.max_samples=32", "data.eval_samples=4", "data.regenerate=false",
+    "data.source=local", "data.max_samples=32", "data.eval_samples=4", "data.regenerate=false",
     "draft.draft_vocab_size=256", "harvest.eval_sequences=4", "harvest.shard_tokens=2048",
     "train.max_steps=4", "train.eval_every=2", "train.save_every=2", "train.batch_tokens=1024",
     "train.num_workers=0", "tracking.backend=none", "export.check=false",

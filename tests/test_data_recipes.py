@@ -29,7 +29,7 @@ def test_recipe_validates_and_offline_sample_loads_through_datasets(path, tmp_pa
     for src in recipe.sources + ([recipe.eval] if recipe.eval else []):
         if src.hub is not None:  # real hub datasets are named
             assert "/" in src.hub.path, src.name
-    mix = sources.load_mix(recipe, DataConfig(recipe=str(path), source="offline", max_samples=30,
+    mix = sources.load_mix(recipe, DataConfig(recipe=str(path), source="local", max_samples=30,
                                            eval_samples=6), tmp_path)
     assert 0 < len(mix.train) <= 30 and 0 < len(mix.eval) <= 6
     for conv in mix.train + mix.eval:
@@ -46,17 +46,17 @@ def test_recipe_validates_and_offline_sample_loads_through_datasets(path, tmp_pa
 def test_offline_samples_use_the_hub_schema(tmp_path):
     """The shipped samples carry the columns the hub datasets have, mapped the same way."""
     chat = recipes.load_recipe("chat")
-    ultra = sources.load_files([chat.resolve(chat.sources[0].offline.files[0])], tmp_path)
+    ultra = sources.load_files([chat.resolve(chat.sources[0].local.files[0])], tmp_path)
     assert {"prompt", "prompt_id", "messages"} <= set(ultra.column_names)
-    sharegpt = sources.load_files([chat.resolve(chat.sources[1].offline.files[0])], tmp_path)
+    sharegpt = sources.load_files([chat.resolve(chat.sources[1].local.files[0])], tmp_path)
     assert "conversations" in sharegpt.column_names
     assert set(sharegpt[0]["conversations"][0]) == {"from", "value"}
     multi = [r for r in ultra if len(r["messages"]) >= 4]
     assert len(multi) >= 10  # real multi-turn conversations
     code = recipes.load_recipe("code")
     assert {"instruction", "response"} <= set(
-        sources.load_files([code.resolve(code.sources[0].offline.files[0])], tmp_path).column_names)
-    mix = sources.load_mix(chat, DataConfig(recipe="chat", source="offline", max_samples=100),
+        sources.load_files([code.resolve(code.sources[0].local.files[0])], tmp_path).column_names)
+    mix = sources.load_mix(chat, DataConfig(recipe="chat", source="local", max_samples=100),
                         tmp_path)
     sg = [c for c in mix.train if c.source == "sharegpt"]
     assert sg and any(c.messages[0]["role"] == "system" for c in sg)  # from/value + roles mapped
@@ -64,10 +64,10 @@ def test_offline_samples_use_the_hub_schema(tmp_path):
 
 def test_math_offline_is_mathgen_in_gsm8k_schema_with_disjoint_eval(tmp_path):
     recipe = recipes.load_recipe("math")
-    mix = sources.load_mix(recipe, DataConfig(recipe="math", source="offline", max_samples=300,
+    mix = sources.load_mix(recipe, DataConfig(recipe="math", source="local", max_samples=300,
                                            eval_samples=50), tmp_path)
     assert len(mix.train) == 300 and len(mix.eval) == 50
-    assert mix.stats["sources"]["math"] == {"skipped": "no offline data for this source"}
+    assert mix.stats["sources"]["math"] == {"skipped": "no local data for this source"}
     assert all(c.messages[1]["content"].split("\n")[-1].startswith("#### ") for c in mix.train)
     files = sorted(tmp_path.glob("mathgen-*.jsonl"))
     templates = {s: {json.loads(line)["template"] for line in f.read_text().splitlines()}
@@ -124,7 +124,7 @@ def test_allocate_and_mix_are_deterministic(tmp_path):
     assert sources.allocate(10, [1, 1, 1]) == [4, 3, 3]
     assert sources.allocate(7, [0.35, 0.25, 0.4]) == [2, 2, 3]
     recipe = recipes.load_recipe("chat")
-    cfg = DataConfig(recipe="chat", source="offline", max_samples=20, eval_samples=4)
+    cfg = DataConfig(recipe="chat", source="local", max_samples=20, eval_samples=4)
     a = sources.load_mix(recipe, cfg, tmp_path)
     b = sources.load_mix(recipe, cfg, tmp_path)
     assert [c.id for c in a.train] == [c.id for c in b.train]
@@ -147,7 +147,7 @@ def test_missing_field_names_field_and_recipe(tmp_path):
                          [{"q": "What is 2+2?"}])
     recipe = recipes.load_recipe(str(path))
     with pytest.raises(DraftkitError, match=r"'mine'.*prompt -> column 'question'.*columns: q"):
-        sources.load_mix(recipe, DataConfig(source="offline"), tmp_path)
+        sources.load_mix(recipe, DataConfig(source="local"), tmp_path)
 
 
 def test_empty_result_and_drop_reasons(tmp_path):
@@ -156,7 +156,7 @@ def test_empty_result_and_drop_reasons(tmp_path):
     path = _write_recipe(tmp_path, "name: empty\nsources:\n  - name: s\n    format: messages\n"
                          "    fields: {messages: messages}\n    files: [FILE]\n", rows)
     with pytest.raises(DraftkitError, match="gave no train conversations.*unknown_role:robot"):
-        sources.load_mix(recipes.load_recipe(str(path)), DataConfig(source="offline", eval_samples=1),
+        sources.load_mix(recipes.load_recipe(str(path)), DataConfig(source="local", eval_samples=1),
                       tmp_path)
 
 
@@ -185,7 +185,7 @@ def test_hub_loading_fails_with_offline_hint(tmp_path, monkeypatch):
     path.write_text("name: hubonly\nsources:\n  - name: s\n    format: qa\n"
                     "    fields: {prompt: question}\n"
                     "    hub: {path: draftkit-test/no-such-dataset, split: train}\n")
-    with pytest.raises(DraftkitError, match="draftkit-test/no-such-dataset.*data.source=offline"):
+    with pytest.raises(DraftkitError, match="draftkit-test/no-such-dataset.*data.source=local"):
         sources.load_mix(recipes.load_recipe(str(path)), DataConfig(source="hub"), tmp_path)
 
 

@@ -51,6 +51,13 @@ def test_demo_budget_follows_the_resolved_dtype(demo, monkeypatch, dtype, flags,
         prompts, cfg.eval.splits, cfg.data.eval_samples)
 
 
+def test_demo_summary_records_the_commit_and_machine_its_eval_ran_on(demo):
+    """As every results/ file does (results/demo/ is a demo summary and its eval report)."""
+    hw = {"device": "cpu", "cpu_model": "Some CPU", "cpu_flags": ["avx2"]}
+    summary = demo._summary({"git_sha": "1fb0c2b" + "0" * 33, "hardware": hw})
+    assert summary["git_sha"].startswith("1fb0c2b") and summary["hardware"] == hw
+
+
 def test_demo_full_tier_is_the_measured_bench_learning_recipe(demo):
     # The figures (README, docs/benchmarks.md) for `--tier full` come from bench_learning's `sub-2-e5` on `data-1120`
     bench = levers

@@ -53,8 +53,8 @@ def runs(tmp_path_factory, tiny_target):
     return out
 
 
-@pytest.mark.parametrize("kind,mode", [("eagle3", "offline"), ("eagle3", "online"),
-                                       ("draft-lm", "offline")])
+@pytest.mark.parametrize("kind,mode", [("eagle3", "stored"), ("eagle3", "online"),
+                                       ("draft-lm", "stored")])
 def test_train_runs_on_a_device_that_is_not_the_cpu(runs, kind, mode, tmp_path):
     from _runs import copy_run
 

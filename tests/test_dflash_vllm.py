@@ -36,7 +36,7 @@ from draftkit.drafts import kind as kinds
 from draftkit.drafts.dflash import vllm_patch
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
 from draftkit.export import stage as export
-from draftkit.serving import drafter_swap, vllm_engine
+from draftkit.serving import drafter_swap, speculative, vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -117,7 +117,7 @@ def llm(trained):
     cfg, kind = trained["cfg"], kinds.get("dflash")
     spec = vllm_engine.run_engine_spec(cfg, kind.speculative_config(trained["out"], K),
                                        trained["prompts"], batch_size=PROMPTS)
-    want = export.load_speculative_config(trained["out"])  # the export's own file, whose
+    want = speculative.export_config(trained["out"])  # the export's own file, whose
     want.pop("draft_sample_method")  # sampling method matters at T > 0 only
     assert spec.speculative_config == want
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # worker_drafter

@@ -3,7 +3,9 @@ GitHub slugs headings) resolves, and every `draftkit ...` line in a shell code b
 and flags the argparse parser of draftkit/cli.py knows, and parses where it has no `...`
 placeholder. The README and docs/benchmarks.md stay short (<= 400 lines each), their headline table is
 the one benchmarks/headline.py derives from results/bench_goals.json, and every figure a page
-cites from a results/ file is in that file."""
+cites from a results/ file is in that file (commits and CPUs: test_docs_results.py). Every module
+a page names exists; the README's first screen shows the CPU and GPU installs and its Python
+example inits offline, apart from `make demo`'s run."""
 
 from __future__ import annotations
 
@@ -283,3 +285,74 @@ def test_the_figure_check_catches_a_made_up_number(tmp_path):
     assert len(figure_problems(page, table, tmp_path)) == 1
     gone = "Measured in results/bench_gone.md: 1.50.\n"
     assert "does not exist" in figure_problems(page, gone, tmp_path)[0]
+
+
+# --- the README's first screen and its Python example --------------------------------------
+
+
+def test_readme_first_screen_shows_both_installs_and_the_gpu_guide_second():
+    readme = (ROOT / "README.md").read_text()
+    first = "\n".join(readme.splitlines()[:40])
+    assert "**On a GPU**" in first and "**On a CPU**" in first, "where speculation pays"
+    assert re.search(r"^make setup +#", first, re.M) and re.search(r"^make setup GPU=1 ", first, re.M)
+    links = [t for line in split_fences(readme)[0] for t in LINK.findall(re.sub(r"`[^`]*`", "", line))]
+    assert links[1] == "docs/qwen3-8b.md", f"the second link is {links[1]}"
+
+
+def test_readme_python_example_runs_offline_beside_make_demos_run(monkeypatch):
+    """Its init uses the recipe's shipped sample (the hub source downloads datasets and
+    regenerates 20k answers) and a run name `make demo` does not write."""
+    from draftkit import api
+    from draftkit.init.stage import resolve
+    code = next("\n".join(b) for info, b in split_fences((ROOT / "README.md").read_text())[1]
+                if info == "python" and any("api.init(" in line for line in b))
+    calls = []
+    monkeypatch.setattr(api, "init", lambda *a, **kw: calls.append((a, kw)))
+    exec(next(line for line in code.splitlines() if "api.init(" in line), {"api": api})
+    (target, data), kw = calls[0]
+    cfg = resolve(target, data, name=kw.get("name"), overrides=kw.get("overrides"))
+    assert cfg.data.source != "hub"
+    demo_run = re.search(r"^RUN\s*\?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert cfg.name not in (demo_run, f"{demo_run}-dflash")
+
+
+# --- every module a page names exists ------------------------------------------------------
+
+MODULE_PATH = re.compile(r"(?<![\w/.])draftkit/[\w/]+\.py\b")
+DOTTED = re.compile(r"(?<![\w/.])draftkit(?:\.\w+)+")
+FILE_SUFFIXES = {"yaml", "ready", "done", "json", "jsonl", "md"}  # draftkit.yaml is a file
+
+
+def module_problems(page: Path, text: str, root: Path = ROOT) -> list[str]:
+    """Every `draftkit/x/y.py` path and every dotted `draftkit.x.y[.name]` a page names exists:
+    the module as a file (or package) under draftkit/, then at most the first name after it
+    defined (def, class or assignment) or imported in that module's source."""
+    problems = [f"{page.name}: {p} does not exist" for p in MODULE_PATH.findall(text)
+                if not (root / p).is_file()]
+    for name in DOTTED.findall(text):
+        parts = name.split(".")
+        if parts[-1] in FILE_SUFFIXES:
+            continue
+        here, i = root / "draftkit", 1
+        while i < len(parts) and ((here / parts[i]).is_dir() or (here / f"{parts[i]}.py").is_file()):
+            here, i = here / parts[i], i + 1
+        if i == len(parts):
+            continue
+        source = here / "__init__.py" if here.is_dir() else here.with_suffix(".py")
+        defined = rf"^\s*(?:def|class)\s+{parts[i]}\b|^{parts[i]}\s*[:=]|\bimport\b.*\b{parts[i]}\b"
+        if not source.is_file() or not re.search(defined, source.read_text(), re.M):
+            problems.append(f"{page.name}: {name}: no {'.'.join(parts[:i + 1])} in draftkit/")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_a_page_names_exists(page):
+    assert module_problems(page, page.read_text()) == []
+
+
+def test_the_module_check_catches_an_old_path():
+    page = ROOT / "docs" / "x.md"
+    good = "`draftkit.rl.rollout_servers.push`, `draftkit/serving/rollout_client.py`, draftkit.yaml"
+    assert module_problems(page, good) == []
+    bad = "`draftkit.rollout.swap_engine`, `draftkit.rl.rollout_servers.pull`, `draftkit/rl/rollout_client.py`"
+    assert len(module_problems(page, bad)) == 3

@@ -204,7 +204,7 @@ def served(tmp_path_factory, trained_draft):
 
     from draftkit.core import config
     from draftkit.export import stage as export
-    from draftkit.serving import vllm_engine
+    from draftkit.serving import speculative, vllm_engine
 
     run = make_run(tmp_path_factory.mktemp("argmax"), name="draft-argmax",
                    prompts=trained_draft["prompts"],
@@ -212,7 +212,7 @@ def served(tmp_path_factory, trained_draft):
     save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
     out = export.export(run, ["export.check=false"])
     cfg = config.load(run)
-    spec = vllm_engine.run_engine_spec(cfg, export.load_speculative_config(out),
+    spec = vllm_engine.run_engine_spec(cfg, speculative.export_config(out),
                                        trained_draft["prompts"], batch_size=PROMPTS)
     assert "use_local_argmax_reduction" not in spec.speculative_config  # serves without draftkit
     with pytest.MonkeyPatch.context() as mp:

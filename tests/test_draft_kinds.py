@@ -50,8 +50,8 @@ class BigramKind:
         return "toy-bigram: a next-token table"
 
     def check_train(self, cfg) -> None:
-        if cfg.train.mode != "offline":
-            raise DraftkitError("toy-bigram trains offline only")
+        if cfg.train.mode != "stored":
+            raise DraftkitError("toy-bigram trains from stored shards only (train.mode=stored)")
 
     def build(self, cfg, data_runs, target) -> nn.Module:
         return Bigram(cfg.target.vocab_size, cfg.draft.num_speculative_tokens)
@@ -91,7 +91,7 @@ def test_a_registered_kind_runs_through_train_and_export(toy_kind, tmp_path, tin
     assert torch.equal(table, best)
     sc = json.loads((export / "speculative_config.json").read_text())
     assert sc["method"] == "draft_model" and sc["num_speculative_tokens"] == 3
-    with pytest.raises(DraftkitError, match="offline only"):
+    with pytest.raises(DraftkitError, match="stored shards only"):
         api.train(run, ["train.mode=online"])
 
 

@@ -231,7 +231,7 @@ def test_the_target_as_its_own_draft_has_zero_kl_and_full_acceptance(tiny_target
 
 
 OVERRIDES = [
-    "data.source=offline", "data.max_samples=24", "data.eval_samples=4",
+    "data.source=local", "data.max_samples=24", "data.eval_samples=4",
     "data.regen_engine=hf", "data.regen_max_new_tokens=24", "data.regen_temperature=0.0",
     "harvest.dtype=float32", "train.max_steps=6", "train.eval_every=3", "train.save_every=2",
     "train.batch_tokens=512", "tracking.backend=none", "train.ce_weight=0.1",

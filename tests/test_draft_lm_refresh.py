@@ -143,12 +143,12 @@ def test_swap_into_a_live_engine_applies_the_refreshed_draft_lm(setup, published
     from _rl_helpers import prompts
 
     from draftkit.rl import publish
-    from draftkit.serving import drafter_swap, vllm_engine
+    from draftkit.serving import drafter_swap, speculative, vllm_engine
 
     export_dir = artifacts.RunPaths(setup["run"]).export
     spec = vllm_engine.EngineSpec(
         model=str(tiny_target.path), dtype="float32", max_model_len=256,
-        speculative_config=vllm_engine.speculative_config("draft-lm", K, export_dir),
+        speculative_config=speculative.method_config("draft-lm", K, export_dir),
         extra=drafter_swap.engine_kwargs())
     probes = prompts(tiny_target.tokenizer, 8, 0)  # prompts of the rollouts trained on
     params = vllm_engine.sampling(0.0, 24)

@@ -28,7 +28,7 @@ from draftkit.drafts import acceptance
 from draftkit.drafts.lm_family import build
 from draftkit.drafts.lm_family.model import DraftLM
 from draftkit.export import stage as export
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative, vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -71,7 +71,7 @@ def _train_and_export(tmp_path_factory, tiny_target):
 @pytest.fixture(scope="module")
 def llm(trained):
     spec = vllm_engine.run_engine_spec(
-        trained["cfg"], vllm_engine.speculative_config("draft-lm", K, trained["out"]),
+        trained["cfg"], speculative.method_config("draft-lm", K, trained["out"]),
         trained["prompts"], batch_size=PROMPTS)
     assert spec.speculative_config["method"] == "draft_model"
     with vllm_engine.engine(spec) as engine:
@@ -89,7 +89,7 @@ def test_export_is_a_plain_hf_dir_with_the_targets_tokenizer(trained, tiny_targe
     assert json.loads((out / "speculative_config.json").read_text()) == {
         "method": "draft_model", "model": ".", "num_speculative_tokens": K,
         "draft_sample_method": "probabilistic"}  # relocatable
-    assert export.load_speculative_config(out)["model"] == str(out)
+    assert speculative.export_config(out)["model"] == str(out)
     for served in ("config.json", "speculative_config.json", "README.md"):  # no local path
         assert str(trained["run"]) not in (out / served).read_text(), served
     from transformers import AutoModelForCausalLM, AutoTokenizer

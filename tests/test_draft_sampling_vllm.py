@@ -11,25 +11,25 @@ from _runs import DRAFT, chat_prompts, make_run, save_best
 from draftkit.core import config
 from draftkit.core.config import ConfigError
 from draftkit.export import stage as export
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative, vllm_engine
 from draftkit.targets.load import run_target_dir
 
 K, PROMPTS, GEN = 3, 8, 32
 
 
 def test_speculative_config_carries_the_sample_method():
-    assert vllm_engine.speculative_config("eagle3", K, "/d", "probabilistic") == {
+    assert speculative.method_config("eagle3", K, "/d", "probabilistic") == {
         "method": "eagle3", "model": "/d", "num_speculative_tokens": K,
         "draft_sample_method": "probabilistic"}
-    assert "draft_sample_method" not in vllm_engine.speculative_config("draft-lm", K, "/d")
+    assert "draft_sample_method" not in speculative.method_config("draft-lm", K, "/d")
     with pytest.raises(ConfigError, match="draft.draft_sample_method='sampled'.*greedy"):
-        vllm_engine.speculative_config("eagle3", K, "/d", "sampled")
+        speculative.method_config("eagle3", K, "/d", "sampled")
 
 
 def _acceptance(cfg, prompts, method: str, draft, sample: str) -> float:
     """Accepted / drafted tokens at T=1 (engine seed eval.seed)."""
     spec = vllm_engine.run_engine_spec(
-        cfg, vllm_engine.speculative_config(method, K, draft, sample), prompts,
+        cfg, speculative.method_config(method, K, draft, sample), prompts,
         batch_size=len(prompts))
     with vllm_engine.engine(spec) as llm:
         m = vllm_engine.measure(llm, prompts, vllm_engine.sampling(1.0, GEN),
@@ -62,7 +62,7 @@ def test_eagle3_export_drafts_probabilistically(tmp_path, trained_draft):
                               "draft.draft_sample_method=probabilistic"])
     save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
     out = export.export(run, ["export.check=false"])
-    sc = export.load_speculative_config(out)
+    sc = speculative.export_config(out)
     assert sc["draft_sample_method"] == "probabilistic"
     cfg = config.load(run)
     greedy = _acceptance(cfg, prompts, "eagle3", out, "greedy")

@@ -13,7 +13,7 @@ from _runs import DRAFT, assert_al_matches_replay, make_run, probe_drafter, repl
 
 from draftkit.core import config
 from draftkit.export import stage as export
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative, vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -39,7 +39,7 @@ def served(tmp_path_factory, tiny_target):
 
         cloudpickle.register_pickle_by_value(_runs)  # probe_drafter
         spec = vllm_engine.run_engine_spec(cfg, None, prompts, batch_size=len(prompts))
-        spec.speculative_config = export.load_speculative_config(out)
+        spec.speculative_config = speculative.export_config(out)
         with vllm_engine.engine(spec) as llm:
             greedy = vllm_engine.measure(llm, prompts, vllm_engine.sampling(0.0, GEN),
                                          batch_size=len(prompts))

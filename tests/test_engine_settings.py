@@ -113,14 +113,14 @@ ENGINE = ["engine.tensor_parallel_size=2", "engine.enforce_eager=false",
 def test_run_settings_reach_the_llm_call_of_eval_and_regeneration(tmp_path, recorder,
                                                                   tiny_target):
     from draftkit.prepare import regen
-    from draftkit.serving import vllm_engine
+    from draftkit.serving import speculative, vllm_engine
     from draftkit.targets.load import target_dir
 
     run = init_run("tiny-llama", "math", runs_dir=tmp_path,
                    overrides=[*ENGINE, "data.regen_batch_size=32"])
     cfg = config.load(run)
     # eval and export's parity check: run_engine_spec
-    vllm_engine.start(vllm_engine.run_engine_spec(cfg, vllm_engine.ngram_config(3), [[1, 2, 3]]))
+    vllm_engine.start(vllm_engine.run_engine_spec(cfg, speculative.ngram_config(3), [[1, 2, 3]]))
     kwargs, bind = recorder[-1]
     assert (kwargs["tensor_parallel_size"], kwargs["enforce_eager"]) == (2, False)
     assert "data_parallel_size" not in kwargs  # regeneration only

@@ -1,4 +1,4 @@
-"""The method and k to serve, picked from eval's vLLM rows (export/choice.py), and how an export
+"""The method and k to serve, picked from eval's vLLM rows (eval/choice.py), and how an export
 carries the pick (export/serving_file.py): ties, a method without numbers, a draft slower than no
 speculation, temperatures, batch ranges and the one-engine k schedule; serving.json, the README
 section (replaced, never doubled) and a re-export of other weights dropping the pick."""
@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftkit.export import choice, serving_file
+from draftkit.eval import choice
+from draftkit.export import serving_file
 
 
 def row(method, k, b, tps, t=0.0, al=None):
@@ -329,3 +330,68 @@ def test_the_eval_report_says_what_only_the_measured_splits_are():
     both = "\n".join(report._splits({"rows": rows, "prompts": {"seen-templates": 8,
                                                                  "hand-written": 8}}))
     assert "seen-templates: new problems" in both and "hand-written: problems" in both
+
+
+def test_served_answers_per_batch_and_temperature_and_serve_starts_on_it(tmp_path, capsys):
+    """serving/speculative.served, the one reader of "what serves this draft at batch b and
+    temperature T", and serve.py's `vllm serve` argv, which asks it."""
+    from draftkit.serving import serve, speculative
+
+    out = fake_export(tmp_path)
+    own = {"method": "eagle3", "model": str(out), "num_speculative_tokens": 3,
+           "draft_sample_method": "probabilistic"}
+    assert speculative.served(out) == speculative.Served(own, "own")  # not measured yet
+    run, _ = saved(tmp_path, out)
+    serving_file.keep_choice(run, out)
+    b4 = speculative.served(out, batch=4, temperature=0.0)
+    assert (b4.config, b4.source, b4.note, b4.pick["batch_to"]) == (own, "range", None, 7)
+    assert speculative.served(out, 8, 0.0).config == speculative.ngram_config(1)
+    assert speculative.served(out, 64, 0.0).config is None  # no speculation from batch 16
+    hot = speculative.served(out, 64, 1.0)  # eval measured T=0 only
+    assert hot.config is None and "not T=1" in hot.note
+    assert speculative.served(out).config == own  # the schedule is n-gram's: the draft's own
+    assert speculative.served(out, 64, k=2).config == {**own, "num_speculative_tokens": 2}
+    path = out / "serving.json"  # a schedule of the draft's own method: one engine, every batch
+    serving = json.loads(path.read_text())
+    steps = [[1, 7, 3], [8, 16, 1]]
+    serving["schedule"]["speculative_config"] = {
+        **serving["ranges"][0]["speculative_config"], "num_speculative_tokens_per_batch_size": steps}
+    path.write_text(json.dumps(serving))
+    sched = speculative.served(out)
+    assert sched.source == "schedule"
+    assert sched.config == {**own, "num_speculative_tokens_per_batch_size": steps}
+    assert "num_speculative_tokens_per_batch_size" not in speculative.served(out, k=3).config
+
+    def spec_of(argv):
+        return json.loads(argv[argv.index("--speculative-config") + 1]) \
+            if "--speculative-config" in argv else None
+
+    assert spec_of(serve.command("T", out)) == sched.config
+    assert spec_of(serve.command("T", out, batch=1)) == own
+    none = serve.command("T", out, batch=64, temperature=1.0)  # vLLM refuses spec metrics there
+    assert spec_of(none) is None and "--per-request-spec-decode-metrics" not in none
+    assert "not T=1" in capsys.readouterr().err
+    bare = tmp_path / "bare"  # a dir without speculative_config.json: the default kind's, k vLLM's
+    assert speculative.served(bare).config == {"method": "eagle3", "model": str(bare)}
+
+
+def test_a_draft_whose_rows_are_labelled_apart_from_its_vllm_method_serves_its_own_config(
+        tmp_path):
+    """eval labels a P-EAGLE head's rows "peagle" (its kind's method); vLLM serves it as
+    "eagle3" with parallel drafting: serving.json's picks of those rows are the export's own
+    config at the picked k, not a method vLLM does not know."""
+    from draftkit.serving import speculative
+
+    out = fake_export(tmp_path)
+    own = {"method": "eagle3", "model": ".", "num_speculative_tokens": 3,
+           "parallel_drafting": True}
+    (out / "speculative_config.json").write_text(json.dumps(own))
+    run, _ = saved(tmp_path, out)
+    rows = [{**r, "method": "peagle"} if r["method"] == "eagle3" else r for r in ROWS]
+    c = choice.choose(rows, 0.02, 1.0)
+    c["measured"] = {**json.loads((run.paths.eval / choice.CHOICE_FILE).read_text())["measured"],
+                     "draft_kind": "peagle"}
+    serving = serving_file.apply_choice(run.cfg, out, c)
+    assert serving["ranges"][0]["method"] == "peagle"
+    assert serving["ranges"][0]["speculative_config"] == own
+    assert speculative.served(out, 1, 0.0).config == {**own, "model": str(out)}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _runs import DRAFT, chat_prompts, make_run, random_draft, save_best
 
-from draftkit.core import config
+from draftkit.core import config, provenance
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts.eagle_family.model import Eagle3Draft
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 def run(tmp_path, tiny_target):
     """A tiny-llama run with 4 eval prompts and a random EAGLE-3 head, exported."""
     run = make_run(tmp_path, name="tiny-eval", prompts=chat_prompts(tiny_target.tokenizer, 4),
-                   overrides=[*DRAFT, "data.source=offline"])
+                   overrides=[*DRAFT, "data.source=local"])
     save_best(run, random_draft(run, tiny_target.model))
     export.export(run, ["export.check=false"])
     return run
@@ -98,6 +98,9 @@ def test_reference_engine_writes_report_and_plots(run, tmp_path, monkeypatch):
     assert (RunPaths(run).eval / Path(files["md"]).name).is_file()
     assert json.loads((RunPaths(run).eval / "meta.json").read_text())["stage"] == "eval"
     assert "| 3 | 1 | 2 |" in Path(files["md"]).read_text()
+    # the commit and machine it ran on, in the JSON and on the Markdown's "Ran on" line
+    assert saved["git_sha"] == provenance.git_sha() and saved["hardware"]["cpu_model"]
+    assert f"code {saved['git_sha'][:7]}" in Path(files["md"]).read_text()
     # eval.results_dir=DIR: the report files go there, the run's eval/ keeps json + md
     other = tmp_path / "elsewhere"
     moved = report.write(rep, config.load(run, [f"eval.results_dir={other}"]), RunPaths(run))

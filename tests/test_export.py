@@ -18,7 +18,8 @@ from draftkit.core.errors import DraftkitError
 from draftkit.drafts.acceptance import simulated_al
 from draftkit.drafts.eagle3.export import portable
 from draftkit.drafts.eagle_family import format as fmt
-from draftkit.export.stage import export, load_speculative_config
+from draftkit.export.stage import export
+from draftkit.serving.speculative import export_config as load_speculative_config
 
 OVERRIDES = ["draft.draft_vocab_size=256", "draft.aux_layer_ids=[1,3,5]",
              "draft.norm_before_residual=true", "draft.norm_output=true"]

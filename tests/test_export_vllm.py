@@ -21,7 +21,7 @@ from _runs import DRAFT, assert_al_matches_replay, make_run, probe_drafter, repl
 
 from draftkit.core import artifacts, config
 from draftkit.export import stage as export
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative, vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -52,7 +52,7 @@ def llm(trained):
         cfg, prompts = trained["cfg"], trained["prompts"]
         spec = vllm_engine.run_engine_spec(cfg, None, prompts, batch_size=len(prompts))
         assert not (trained["run"] / "export").exists()  # served from where it was moved to,
-        spec.speculative_config = export.load_speculative_config(trained["out"])  # by its file
+        spec.speculative_config = speculative.export_config(trained["out"])  # by its file
         with vllm_engine.engine(spec) as engine:
             yield engine
 

@@ -30,7 +30,7 @@ def test_two_processes_write_the_same_bytes_as_one(tmp_path, tiny_target):
     tok = tiny_target.tokenizer
     one = make_run(tmp_path / "one", tok, n_train=40, n_eval=8, hi=160)
     two = make_run(tmp_path / "two", tok, n_train=40, n_eval=8, hi=160)
-    _run([sys.executable, "-m", "draftkit.harvest.stage", str(one)])  # 1 process, torch's threads
+    _run([sys.executable, "-m", "draftkit.cli", "harvest", str(one)])  # 1 process, torch's threads
     _run([*LAUNCH, "-m", "draftkit.cli", "harvest", str(two)])  # 2 processes
     a, b = dir_bytes(RunPaths(one).harvest), dir_bytes(RunPaths(two).harvest)
     assert len([k for k in a if k.endswith(".safetensors")]) >= 6

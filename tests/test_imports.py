@@ -94,6 +94,38 @@ def test_subpackages_import_each_other_one_way_only():
     assert cycles(edges) <= CYCLE_DEBTS, sorted(map(sorted, cycles(edges) - CYCLE_DEBTS))
 
 
+def node_edges() -> dict[str, set[str]]:
+    """Import edges between subpackages and top-level modules (cli, api, ...) alike, deferred
+    imports included: `harvest -> cli` under a `__main__` closed a cycle the subpackage edges
+    did not see (issue #50)."""
+    def node(parts: tuple[str, ...]) -> str:
+        return parts[0].removesuffix(".py")
+
+    edges: dict[str, set[str]] = {}
+    for path, found in modules().items():
+        src = node(path.relative_to(PACKAGE).parts)
+        for module, _, _ in found:
+            m = module.split(".")
+            if len(m) < 2 or m[1] == "__init__":
+                continue
+            dst = m[1]
+            if dst != src and ((PACKAGE / dst).is_dir() or (PACKAGE / f"{dst}.py").is_file()):
+                edges.setdefault(src, set()).add(dst)
+    return edges
+
+
+def test_no_cycle_through_the_top_level_modules_either():
+    assert cycles(node_edges()) == set(), sorted(map(sorted, cycles(node_edges())))
+
+
+def test_eval_imports_nothing_from_export():
+    """eval measures and decides (eval/choice.py); export copies the decision in, not back."""
+    found = [f"{p.relative_to(PACKAGE)}: {m}" for p, mods in modules().items()
+             if p.relative_to(PACKAGE).parts[0] == "eval"
+             for m, _, _ in mods if m.startswith("draftkit.export")]
+    assert not found, found
+
+
 def test_a_kind_imports_no_other_kind_and_no_stage():
     found = set()
     for path, mods in modules().items():

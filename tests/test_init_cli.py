@@ -187,3 +187,22 @@ def test_unsorted_or_repeated_aux_ids_are_refused():
         resolve("Qwen3-8B", "math", overrides=["draft.aux_layer_ids=[18,2,33]"])
     with pytest.raises(DraftkitError, match="must be distinct and ascending"):
         resolve("Qwen3-8B", "math", overrides=["draft.aux_layer_ids=[2,18,18]"])
+
+
+def test_each_lifecycle_verb_calls_its_api_function(monkeypatch, tmp_path):
+    """cli.py is a layer over api.py: a verb calls the api function of its name (eval:
+    api.evaluate) with the run dir and its flags as config overrides, not a module by name."""
+    from draftkit import api
+
+    seen = []
+    for name in ("prepare", "harvest", "train", "export", "evaluate"):
+        monkeypatch.setattr(api, name, lambda run, overrides, _n=name: seen.append(
+            (_n, str(run), overrides)))
+    run = str(tmp_path / "r")
+    for verb in ("prepare", "harvest", "train"):
+        assert cli.run([verb, run, "a.b=1"]) == 0
+    assert cli.run(["export", run, "--no-check"]) == 0
+    assert cli.run(["eval", run, "--k", "1,3", "x=2"]) == 0
+    assert seen == [("prepare", run, ["a.b=1"]), ("harvest", run, ["a.b=1"]),
+                    ("train", run, ["a.b=1"]), ("export", run, ["export.check=false"]),
+                    ("evaluate", run, ["x=2", "eval.k_values=[1, 3]"])]

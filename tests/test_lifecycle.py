@@ -19,7 +19,7 @@ from draftkit.harvest.shards import open_harvest
 from draftkit.train.data import epoch_plan
 
 OVERRIDES = [
-    "data.source=offline", "data.max_samples=48", "data.eval_samples=8",
+    "data.source=local", "data.max_samples=48", "data.eval_samples=8",
     "data.regen_engine=hf", "data.regen_max_new_tokens=24", "data.regen_temperature=0.0",
     "draft.draft_vocab_size=256", "harvest.dtype=float32", "harvest.eval_sequences=8",
     "train.max_steps=8", "train.eval_every=4", "train.save_every=4", "train.batch_tokens=1024",
@@ -115,7 +115,7 @@ def test_extra_runs_add_their_harvest_to_the_train_data(run):
         api.train(both, overrides=[f"train.extra_runs=[{both}]"])
     with pytest.raises(DraftkitError, match="not a run dir"):
         api.train(both, overrides=[f"train.extra_runs=[{run.parent}]"])
-    with pytest.raises(DraftkitError, match="train.mode=offline"):
+    with pytest.raises(DraftkitError, match="train.mode=stored"):
         api.train(both, overrides=[f"train.extra_runs=[{other}]", "train.mode=online"])
 
 
@@ -199,9 +199,9 @@ def test_bench_misses_counts_what_the_acc_0_metric_counts(run):
 
 def test_train_refuses_feature_noise_it_cannot_apply(tmp_path):
     head = api.init("tiny-llama", "math", name="head", runs_dir=tmp_path,
-                    overrides=["data.source=offline"])
+                    overrides=["data.source=local"])
     lm = api.init("tiny-llama", "math", kind="draft-lm", name="lm", runs_dir=tmp_path,
-                  overrides=["data.source=offline"])
+                  overrides=["data.source=local"])
     with pytest.raises(DraftkitError, match="feature_noise=0 for draft.kind=draft-lm"):
         api.train(lm, overrides=["train.feature_noise=0.1"])
     with pytest.raises(DraftkitError, match="like 0.05"):
@@ -212,7 +212,7 @@ def test_train_refuses_feature_noise_it_cannot_apply(tmp_path):
 
 def test_export_without_checkpoint_is_a_clear_error(tmp_path):
     empty = api.init("tiny-llama", "math", name="empty", runs_dir=tmp_path,
-                          overrides=["data.source=offline"])
+                          overrides=["data.source=local"])
     with pytest.raises(DraftkitError, match="draftkit train"):
         api.export(empty, overrides=["export.check=false"])
 

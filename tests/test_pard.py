@@ -189,9 +189,9 @@ def test_train_then_export_a_pard_draft(pard_run):
     assert kind.export_shapes(conf, cfg) == {"vocab": (512, 512), "pard_token": (M, M)}
     assert kind.export_shapes({**conf, "pard_token": 600}, cfg)["pard_token"][1] != 600
     # the engine every stage builds for this export drafts in parallel
-    from draftkit.serving import vllm_engine
+    from draftkit.serving import speculative
 
-    assert vllm_engine.speculative_config("pard", K, out)["parallel_drafting"] is True
+    assert speculative.method_config("pard", K, out)["parallel_drafting"] is True
 
 
 def test_reference_eval_of_the_export(pard_run, tmp_path):

@@ -27,7 +27,7 @@ from draftkit.drafts.pard.build import choose_mask_token
 from draftkit.drafts.pard.drafter import PardDrafter
 from draftkit.drafts.pard.model import PardLM
 from draftkit.export import stage as export
-from draftkit.serving import drafter_swap, vllm_engine
+from draftkit.serving import drafter_swap, speculative, vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -73,7 +73,7 @@ def probe_parallel(worker) -> dict:
 
 @pytest.fixture(scope="module")
 def llm(trained):
-    sc = export.load_speculative_config(trained["out"])  # as a user serves it: by its file
+    sc = speculative.export_config(trained["out"])  # as a user serves it: by its file
     spec = vllm_engine.run_engine_spec(trained["cfg"], sc, trained["prompts"],
                                        batch_size=PROMPTS)
     spec.extra = {**spec.extra, **drafter_swap.engine_kwargs()}  # swappable (the last test)

@@ -24,7 +24,7 @@ from draftkit.drafts import acceptance
 from draftkit.drafts import kind as kinds
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
 from draftkit.export import stage as export
-from draftkit.serving import drafter_swap, vllm_engine
+from draftkit.serving import drafter_swap, speculative, vllm_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -79,9 +79,9 @@ class TimedSwap(step_timers.StepTimers, drafter_swap.DrafterSwap):
 def llm(trained):
     cfg, kind = trained["cfg"], kinds.get("peagle")
     spec = vllm_engine.run_engine_spec(  # as export.parity_check builds it
-        cfg, vllm_engine.speculative_config(kind.name, K, trained["out"]), trained["prompts"],
+        cfg, speculative.method_config(kind.name, K, trained["out"]), trained["prompts"],
         batch_size=PROMPTS)
-    want = export.load_speculative_config(trained["out"])  # the export's own file, whose
+    want = speculative.export_config(trained["out"])  # the export's own file, whose
     want.pop("draft_sample_method")  # sampling method matters at T > 0 only
     assert spec.speculative_config == want
     spec.extra = {**step_timers.engine_kwargs(spec.speculative_config),  # timed, and

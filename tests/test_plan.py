@@ -1,5 +1,5 @@
 """`draftkit plan` / init's plan: tokens, hidden-state disk, memory and time for a run; init
-picks online training when an offline harvest cannot fit the disk; harvest refuses to start on
+picks online training when a stored harvest cannot fit the disk; harvest refuses to start on
 a disk too small, and a disk that fills mid-harvest keeps every shard written and resumes."""
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ def _cli(capsys, *argv):
 
 def test_qwen3_8b_init_plans_disk_memory_time_and_picks_online_when_it_cannot_fit(
         tmp_path, capsys, monkeypatch):
-    fake_free(monkeypatch, 500 * 10**9)  # 500 GB: the ~1.1 TB offline harvest does not fit
+    fake_free(monkeypatch, 500 * 10**9)  # 500 GB: the ~1.1 TB stored harvest does not fit
     code, out, err = _cli(capsys, "init", "--target", "Qwen3-8B", "--data", "math",
                           "--dir", str(tmp_path))
     assert code == 0, err
     run = tmp_path / "qwen3-8b-math-eagle3"
     assert yaml.safe_load((run / "draftkit.yaml").read_text())["train"]["mode"] == "online"
-    assert "ESTIMATE" in out and "an offline harvest would need 1.1 TB" in out
+    assert "ESTIMATE" in out and "a stored harvest would need 1.1 TB" in out
     for line in ("harvest     ", "disk        ", "memory      ", "time        "):
         assert line in out
     # taps [2, 18, 33] + last, x 4096 x bf16 bytes = 32 KiB per token, + 16 B of ids
@@ -52,28 +52,28 @@ def test_qwen3_8b_init_plans_disk_memory_time_and_picks_online_when_it_cannot_fi
     p = plan.plan_run(run)
     assert p.mode == "online" and not p.fits and p.bytes_per_token == 4 * 4096 * 2 + 16
     assert p.harvest_tokens == (20000 + 200) * p.tokens_per_sample
-    assert p.memory["online train"] > p.memory["offline train"] > 0
+    assert p.memory["online train"] > p.memory["stored train"] > 0
     assert all(s > 0 for s in p.seconds.values())
 
 
-def test_big_disk_keeps_offline_and_an_explicit_mode_is_kept(tmp_path, capsys, monkeypatch):
+def test_big_disk_keeps_stored_and_an_explicit_mode_is_kept(tmp_path, capsys, monkeypatch):
     fake_free(monkeypatch, 5 * 10**12)
     code, out, _ = _cli(capsys, "init", "--target", "Qwen3-8B", "--data", "math", "--dir",
                         str(tmp_path), "--name", "big")
-    assert code == 0 and "offline harvest fits" in out
-    assert config.load(tmp_path / "big").train.mode == "offline"
+    assert code == 0 and "stored harvest fits" in out
+    assert config.load(tmp_path / "big").train.mode == "stored"
     fake_free(monkeypatch, 10**9)
     code, out, _ = _cli(capsys, "init", "--target", "Qwen3-8B", "--data", "math", "--dir",
-                        str(tmp_path), "--name", "forced", "train.mode=offline")
-    assert code == 0 and config.load(tmp_path / "forced").train.mode == "offline"
+                        str(tmp_path), "--name", "forced", "train.mode=stored")
+    assert code == 0 and config.load(tmp_path / "forced").train.mode == "stored"
     assert "does NOT fit" in out and "harvest.dir=PATH" in out and "data.max_samples" in out
     # `draftkit plan` of an edited config: fewer samples fit again
     code, out, _ = _cli(capsys, "plan", str(tmp_path / "forced"), "data.max_samples=10",
                         "data.eval_samples=1")
-    assert code == 0 and "10 train + 1 eval" in out and "offline harvest fits" not in out
+    assert code == 0 and "10 train + 1 eval" in out and "stored harvest fits" not in out
     fake_free(monkeypatch, 5 * 10**12)
     code, out, _ = _cli(capsys, "plan", str(tmp_path / "forced"), "data.max_samples=10")
-    assert "offline harvest fits" in out
+    assert "stored harvest fits" in out
 
 
 def test_harvest_refuses_a_disk_too_small_and_names_the_fixes(tmp_path, tiny_target,

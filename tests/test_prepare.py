@@ -39,7 +39,7 @@ QWEN3_LIKE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
-SMALL = ["data.source=offline", "data.max_samples=8", "data.eval_samples=2",
+SMALL = ["data.source=local", "data.max_samples=8", "data.eval_samples=2",
          "data.max_seq_len=192", "data.regen_engine=hf", "data.regen_max_new_tokens=8",
          "data.regen_batch_size=4"]
 
@@ -130,7 +130,7 @@ def _local_run(tmp_path, rows, extra=()):
                       "    format: messages\n    fields: {messages: messages}\n"
                       "    files: [rows.parquet]\n")
     return init_run("tiny-llama", str(recipe), runs_dir=tmp_path, name="mine", overrides=[
-        "data.source=offline", "data.max_seq_len=64", "data.regenerate=false", *extra])
+        "data.source=local", "data.max_seq_len=64", "data.regenerate=false", *extra])
 
 
 def test_truncation_and_drops_are_counted(tmp_path):

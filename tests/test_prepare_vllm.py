@@ -26,7 +26,7 @@ def test_prepare_with_vllm_regeneration_and_self_instruct(tmp_path, tiny_target)
     recipe = tmp_path / "math-tiny.yaml"
     recipe.write_text(text)
     run = init_run("tiny-llama", str(recipe), runs_dir=tmp_path, overrides=[
-        "data.source=offline", "data.max_samples=6", "data.eval_samples=2",
+        "data.source=local", "data.max_samples=6", "data.eval_samples=2",
         "data.max_seq_len=256", "data.regen_engine=vllm", "data.regen_dtype=float32",
         "data.regen_temperature=0", "data.regen_max_new_tokens=16", "data.regen_batch_size=16",
         "data.self_instruct=4"])

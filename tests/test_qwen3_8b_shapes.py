@@ -26,10 +26,10 @@ pytestmark = pytest.mark.slow
 
 TARGET = "random:Qwen3-8B@layers=2"
 OVERRIDES = [
-    "data.source=offline", "data.max_samples=6", "data.eval_samples=2", "data.max_seq_len=192",
+    "data.source=local", "data.max_samples=6", "data.eval_samples=2", "data.max_seq_len=192",
     "data.regenerate=false", "draft.draft_vocab_size=4096", "draft.intermediate_size=1024",
     "harvest.dtype=bfloat16", "harvest.shard_tokens=512", "harvest.batch_tokens=512",
-    "harvest.eval_sequences=2", "train.mode=offline", "train.max_steps=2", "train.eval_every=2",
+    "harvest.eval_sequences=2", "train.mode=stored", "train.max_steps=2", "train.eval_every=2",
     "train.save_every=2", "train.batch_tokens=256", "train.pad_multiple=16",
     "train.num_workers=0", "train.device=cpu", "tracking.backend=none", "export.check=false",
 ]

@@ -92,7 +92,7 @@ def test_a_random_target_runs_the_stages_and_harvest_is_the_loaded_model(tmp_pat
 
     with one_thread():
         run = api.init("random:tiny-llama", "math", runs_dir=tmp_path, overrides=[
-            "data.source=offline", "data.max_samples=8", "data.eval_samples=2",
+            "data.source=local", "data.max_samples=8", "data.eval_samples=2",
             "data.regenerate=false", "draft.draft_vocab_size=256", "harvest.dtype=float32",
             "train.max_steps=2", "train.eval_every=2", "train.save_every=2",
             "train.batch_tokens=1024", "train.num_workers=0", "tracking.backend=none",

@@ -25,7 +25,7 @@ from draftkit.rl.job import refresh
 from draftkit.rl.policy import load_policy
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.rollouts import Rollout
-from draftkit.serving import drafter_swap, sleep_wake, vllm_engine
+from draftkit.serving import drafter_swap, sleep_wake, speculative, vllm_engine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -78,7 +78,7 @@ def world(tmp_path_factory, smollm2_target):
     export_dir = _initial_head(run, policy, answers)  # draft vocab from reference answers
     spec = vllm_engine.EngineSpec(
         model=str(smollm2_target.path), dtype="float32", max_model_len=512,
-        speculative_config=vllm_engine.speculative_config("eagle3", K, export_dir),
+        speculative_config=speculative.method_config("eagle3", K, export_dir),
         extra=drafter_swap.engine_kwargs())
     with vllm_engine.engine(spec) as llm:
         # the policy's rollouts: its greedy outputs (speculation is lossless, any draft works)

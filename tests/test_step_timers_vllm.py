@@ -41,10 +41,10 @@ def test_split_and_summary_of_hand_made_steps():
 
 
 def test_a_suffix_engine_gets_the_cache_reset_too():
-    from draftkit.serving import vllm_engine
+    from draftkit.serving import speculative, vllm_engine
 
     assert step_timers.engine_kwargs(None)["worker_extension_cls"] == step_timers.EXTENSION
-    suffix = step_timers.engine_kwargs(vllm_engine.suffix_config(K))["worker_extension_cls"]
+    suffix = step_timers.engine_kwargs(speculative.suffix_config(K))["worker_extension_cls"]
     assert suffix == step_timers.SUFFIX_EXTENSION
     assert hasattr(vllm_engine.SuffixCacheReset, "draftkit_reset_suffix_cache")
 
@@ -86,14 +86,14 @@ def timed(tmp_path_factory, trained_draft):
     wall time), the profiles, and outputs after uninstalling."""
     from draftkit.core import config
     from draftkit.export import stage as export
-    from draftkit.serving import vllm_engine
+    from draftkit.serving import speculative, vllm_engine
 
     run = make_run(tmp_path_factory.mktemp("step-timers"), name="timers",
                    prompts=trained_draft["prompts"], overrides=DRAFT)
     save_best(run, trained_draft["model"], trained_draft["metrics"])
     out = export.export(run, ["export.check=false"])
     prompts = trained_draft["prompts"][:4]
-    spec = vllm_engine.speculative_config("eagle3", K, out)
+    spec = speculative.method_config("eagle3", K, out)
     es = vllm_engine.run_engine_spec(config.load(run), spec, prompts, dtype="float32",
                                      batch_size=len(prompts))
     es.extra = step_timers.engine_kwargs(spec)

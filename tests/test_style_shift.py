@@ -19,7 +19,7 @@ from draftkit.core.errors import DraftkitError
 SHIFT = ["policy=tiny-llama", "examples=32", "steps=30", "batch_size=8", "lr=3e-3",
          "warmup_steps=5", "heldout=4", "measure_tokens=24", "rollout_prompts=3",
          "group_size=2", "max_tokens=24", "max_model_len=512"]
-V0 = ["data.source=offline", "data.max_samples=16", "data.eval_samples=4",
+V0 = ["data.source=local", "data.max_samples=16", "data.eval_samples=4",
       "data.regen_engine=hf", "data.regen_max_new_tokens=16", "data.regen_temperature=0.0",
       "draft.draft_vocab_size=256", "harvest.dtype=float32", "harvest.eval_sequences=4",
       "train.max_steps=3", "train.eval_every=3", "train.save_every=3", "train.batch_tokens=1024",
@@ -159,7 +159,7 @@ def test_rollouts_and_scratch_draft_in_vllm(shifted, scratch_runs):
 
     from benchmarks.rl import refresh as bench
     from draftkit.rl import rollouts
-    from draftkit.serving import policy_sync, vllm_engine
+    from draftkit.serving import policy_sync, speculative, vllm_engine
 
     cfg, out = shifted["cfg"], shifted["out"]
     stats = style_shift.sample_rollouts(cfg, out)
@@ -174,7 +174,7 @@ def test_rollouts_and_scratch_draft_in_vllm(shifted, scratch_runs):
     bcfg = bench.BenchConfig(prompts=4, max_tokens=16, batch_size=4, temperatures=[0.0])
     spec = vllm_engine.EngineSpec(
         model=str(out / "policy"), dtype="float32", max_model_len=512,
-        speculative_config=vllm_engine.speculative_config("eagle3", 3, scratch_runs["vn"] / "export"),
+        speculative_config=speculative.method_config("eagle3", 3, scratch_runs["vn"] / "export"),
         extra=policy_sync.engine_kwargs())
     with vllm_engine.engine(spec) as llm:
         row = bench.measure(llm, bench.heldout_prompts(tok, 4, 0), bcfg)

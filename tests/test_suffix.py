@@ -17,7 +17,7 @@ from benchmarks.rl import grpo_loop
 from benchmarks.rl import refresh as bench
 from draftkit.core.errors import DraftkitError
 from draftkit.eval import report, stage
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative, vllm_engine
 from draftkit.serving.vllm_engine import EngineStartError
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8]]
@@ -71,12 +71,12 @@ def eval_cfg(temperatures=(0.0,), batch_sizes=(1, 2)) -> SimpleNamespace:
 def test_suffix_unavailable_says_why_and_how_to_fix(no_arctic):
     why = vllm_engine.suffix_unavailable()
     assert why and "arctic-inference is not importable" in why and "make setup" in why
-    assert vllm_engine.suffix_config(3) == {"method": "suffix", "num_speculative_tokens": 3,
-                                            **vllm_engine.SUFFIX_OPTIONS}
-    assert vllm_engine.speculative_config("suffix", 2, None)["num_speculative_tokens"] == 2
-    assert vllm_engine.suffix_engine_kwargs(vllm_engine.suffix_config(3)) == {
+    assert speculative.suffix_config(3) == {"method": "suffix", "num_speculative_tokens": 3,
+                                            **speculative.SUFFIX_OPTIONS}
+    assert speculative.method_config("suffix", 2, None)["num_speculative_tokens"] == 2
+    assert vllm_engine.suffix_engine_kwargs(speculative.suffix_config(3)) == {
         "worker_extension_cls": vllm_engine.SUFFIX_EXTENSION}
-    assert vllm_engine.suffix_engine_kwargs(vllm_engine.ngram_config(3)) == {}
+    assert vllm_engine.suffix_engine_kwargs(speculative.ngram_config(3)) == {}
 
 
 def test_eval_suffix_rows_say_why_without_arctic_inference(monkeypatch, no_arctic, tmp_path):
@@ -155,7 +155,7 @@ def test_rl_loop_suffix_draft(no_arctic, monkeypatch):
         grpo_loop.load_config(None, ["draft=suffix"])
     monkeypatch.setattr(vllm_engine, "suffix_unavailable", lambda: None)
     cfg = grpo_loop.load_config(None, ["draft=suffix", "group_size=8", "k=4"])
-    assert grpo_loop.speculative_config(cfg) == vllm_engine.suffix_config(4)
+    assert grpo_loop.speculative_config(cfg) == speculative.suffix_config(4)
     with pytest.raises(DraftkitError, match="n-gram, suffix and none have no weights"):
         grpo_loop.load_config(None, ["draft=suffix", "refresh_every=2"])
 

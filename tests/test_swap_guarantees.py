@@ -79,12 +79,12 @@ def run_with_versions(tmp_path_factory, trained_draft):
 
 @pytest.fixture(scope="module")
 def llm(run_with_versions, tiny_target):
-    from draftkit.serving import vllm_engine
+    from draftkit.serving import speculative, vllm_engine
 
     store = run_with_versions["store"]
     spec = vllm_engine.EngineSpec(
         model=str(tiny_target.path), dtype="float32", max_model_len=256,
-        speculative_config=vllm_engine.speculative_config("eagle3", K, store.current_link),  # drafts/current
+        speculative_config=speculative.method_config("eagle3", K, store.current_link),  # drafts/current
         extra=drafter_swap.engine_kwargs())
     with vllm_engine.engine(spec) as engine:
         yield engine

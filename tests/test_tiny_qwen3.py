@@ -50,7 +50,7 @@ def test_tiny_qwen3_is_qwen3(qwen):
 
 
 OVERRIDES = [
-    "data.source=offline", "data.max_samples=24", "data.eval_samples=4", "data.max_seq_len=256",
+    "data.source=local", "data.max_samples=24", "data.eval_samples=4", "data.max_seq_len=256",
     "data.regen_engine=hf", "data.regen_max_new_tokens=16", "data.regen_temperature=0.0",
     "draft.draft_vocab_size=1024", "harvest.dtype=float32",
     "train.max_steps=12", "train.eval_every=6", "train.save_every=6", "train.batch_tokens=1024",

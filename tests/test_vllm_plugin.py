@@ -79,13 +79,13 @@ def test_sampled_speculation_follows_the_target():
     vLLM-CPU accepted nothing (AL 1.0) and wrote unrelated words."""
     from transformers import AutoTokenizer
 
-    from draftkit.serving import vllm_engine
+    from draftkit.serving import speculative, vllm_engine
     from draftkit.targets.load import target_dir
 
     model = target_dir("smollm2-135m")
     tok = AutoTokenizer.from_pretrained(model)
     prompt = tok("Count from 1 to 60: 1, 2, 3, 4, 5, 6, 7, 8,")["input_ids"]
-    spec = vllm_engine.EngineSpec(str(model), vllm_engine.ngram_config(3),
+    spec = vllm_engine.EngineSpec(str(model), speculative.ngram_config(3),
                                   dtype="float32", max_model_len=256, max_num_seqs=8)
     with vllm_engine.engine(spec) as llm:
         greedy = vllm_engine.measure(llm, [prompt] * 8, vllm_engine.sampling(0.0, 24), 8)

@@ -37,7 +37,7 @@ from benchmarks import report
 from draftkit import api
 from draftkit.core import artifacts, config, hardware
 from draftkit.eval import splits
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative
 
 SETTINGS = {
     "baseline": [],  # the source run's own config (smollm2 template: init-layer on)
@@ -224,7 +224,7 @@ def measure(cfg, exports: dict[str, Path], prompts: dict[str, list[list[int]]],
     rows = []
     for setting, export in [("ngram", None), *exports.items()]:
         method = "ngram" if export is None else "eagle3"
-        spec = vllm_engine.speculative_config(method, 3, export, cfg.draft.draft_sample_method)
+        spec = speculative.method_config(method, 3, export, cfg.draft.draft_sample_method)
         rows += [{"setting": setting, **r}
                  for r in report.serve_splits(cfg, method, 3, spec, prompts, temps, batch)]
     return rows

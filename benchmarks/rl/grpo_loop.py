@@ -40,11 +40,10 @@ from benchmarks.rl import grpo, reward
 from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.core.config import TrackingConfig
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts import kind as kinds
 from draftkit.prepare import mathgen
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import policy_sync, vllm_engine
+from draftkit.serving import policy_sync, speculative, vllm_engine
 from draftkit.serving.drafter_swap import DraftSwapError
 from draftkit.targets.load import target_dir
 from draftkit.train.loop import Tracker
@@ -127,15 +126,14 @@ def prompt_ids(tok, question: str) -> list[int]:
 
 
 def speculative_config(cfg: LoopConfig) -> dict | None:
-    if cfg.draft == "ngram":
-        return vllm_engine.ngram_config(cfg.k)
-    if cfg.draft == "suffix":  # drafts from the group's sibling rollouts and earlier steps'
-        return vllm_engine.suffix_config(cfg.k)
-    if cfg.draft == "draft":  # asked of the run's kind, drafted as the run says
-        run_cfg = config.load(cfg.draft_run)
+    """What the rollout engine drafts with: n-gram, suffix decoding (drafts from the group's
+    sibling rollouts and earlier steps'), or the run's current draft at k (serving/speculative.py
+    `served`; its speculative_config.json says how its kind drafts); else none."""
+    if cfg.draft in ("ngram", "suffix", "none"):
+        return speculative.method_config(cfg.draft, cfg.k)
+    if cfg.draft == "draft":
         current = DraftStore(cfg.draft_run).current_dir()
-        return kinds.of(run_cfg).speculative_config(current, cfg.k,
-                                                    run_cfg.draft.draft_sample_method)
+        return speculative.served(current, temperature=cfg.temperature, k=cfg.k).config
     return None
 
 

@@ -47,7 +47,7 @@ from draftkit.drafts.kind import draft_sampling
 from draftkit.prepare import mathgen
 from draftkit.rl.job import refresh
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import drafter_swap, policy_sync, vllm_engine
+from draftkit.serving import drafter_swap, policy_sync, speculative, vllm_engine
 from draftkit.targets.load import target_dir
 
 FREE = ("ngram", "suffix")  # vLLM's speculation without a trained draft
@@ -191,7 +191,7 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
         if method == "suffix" and (why := vllm_engine.suffix_unavailable()):
             rows[method] = {"unavailable": why}
             continue
-        with engine(vn, vllm_engine.speculative_config(method, cfg.k, None)) as llm:
+        with engine(vn, speculative.method_config(method, cfg.k, None)) as llm:
             rows[method] = measure(llm, prompts, cfg, suffix=method == "suffix")
     with engine(vn, None) as llm:
         rows["none"] = measure(llm, prompts, cfg)

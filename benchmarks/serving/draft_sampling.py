@@ -17,7 +17,7 @@ from benchmarks import report
 from draftkit.core import config, hardware
 from draftkit.drafts import kind as kinds
 from draftkit.eval import splits
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative
 
 ROWS = (("none", "greedy"), ("ngram", "greedy"), ("draft", "greedy"), ("draft", "probabilistic"))
 
@@ -54,7 +54,7 @@ def measure(cfg, export: Path, prompts: dict[str, list[list[int]]], temps: list[
     rows = []
     for who, sample in ROWS:
         method = kind.method if who == "draft" else who
-        spec = vllm_engine.speculative_config(kind.name if who == "draft" else who, k, export,
+        spec = speculative.method_config(kind.name if who == "draft" else who, k, export,
                                               sample)
         rows += [{"draft_sample_method": sample, **r} for r in report.serve_splits(
             cfg, method, None if method == "none" else k, spec, prompts, temps, batch)]

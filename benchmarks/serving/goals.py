@@ -5,7 +5,7 @@ suffix decoding (k=--k), each draft (`--run` and `--drafts`: runs with an export
 says how vLLM serves it) at every k of `--draft-k`, and the exported choice: the one engine of
 `--run`'s export/serving.json (`draftkit eval` wrote it: one method, a measured safe k per
 batch range; none where some range must not draft, then no speculation's rows stand for it;
-export/choice.py). Each engine serves the demo's three
+eval/choice.py). Each engine serves the demo's three
 prompt splits (unseen templates: the run's held-out eval split; seen templates; hand-written;
 eval/splits.py) at T=0 and T=1 (seeded), at batch 1, 8, 16 and 32. Rows: tokens/s, tokens per
 target step, vLLM's AL.
@@ -32,9 +32,8 @@ from draftkit.core import artifacts, config, hardware, provenance
 from draftkit.drafts import kind as kinds
 from draftkit.eval import splits, stage
 from draftkit.eval.splits import OWN
-from draftkit.export import choice
-from draftkit.export.serving_file import SERVING_FILE
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative, vllm_engine
+from draftkit.serving.speculative import SERVING_FILE
 
 FREE = ("ngram", "suffix")
 GOAL = {1: 1.3}  # batch -> tokens/s over the better free method; other batches GOAL_BATCHED
@@ -120,7 +119,7 @@ def serve(args, cfg, label: str, method: str, k: int | None, served: tuple,
     """One engine: every (split, T, batch) row, or rows saying why it was not measured.
     `served` = (a baseline or a draft kind's name, the draft's export dir or None)."""
     source, export = served
-    spec = vllm_engine.speculative_config(source, k, export, cfg.draft.draft_sample_method)
+    spec = speculative.method_config(source, k, export, cfg.draft.draft_sample_method)
     return serve_spec(args, cfg, label, method, k, spec, prompts)
 
 
@@ -196,7 +195,7 @@ def range_rows(serving: dict | None, rows: list[dict], draft_label: str | None) 
     out = []
     for base in (r for r in rows if r["label"] == "none"):
         b = base["batch_size"]
-        rng = choice.range_for(serving["ranges"], b)
+        rng = speculative.range_for(serving["ranges"], b)
         if rng is None:
             continue
         method, k = rng["method"], rng["k"]

@@ -32,7 +32,7 @@ from draftkit.eval import splits, stage
 from draftkit.export import stage as export_stage
 from draftkit.init.stage import init_run
 from draftkit.prepare.stage import load_tokenizer
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative, vllm_engine
 from draftkit.targets.load import run_target_dir
 from draftkit.targets.tokens import end_of_turn_ids
 
@@ -128,7 +128,7 @@ def serve(args, cfg, method: str, draft, prompts, batches: list[int], compiled: 
     """One timed engine for `method` at k (default --k): a row per batch (+ profiles of a
     model draft, eager)."""
     k = None if method == "none" else (k or args.k)
-    spec = vllm_engine.speculative_config(SERVED_BY.get(method, method), k, draft)
+    spec = speculative.method_config(SERVED_BY.get(method, method), k, draft)
     es = vllm_engine.run_engine_spec(cfg, spec, prompts, batch_size=max(batches))
     es.extra, es.enforce_eager = step_timers.engine_kwargs(spec), not compiled
     why = vllm_engine.suffix_unavailable() if method == "suffix" else None

@@ -9,6 +9,7 @@ the target-dependent fields (aux ids, draft vocab, draft decoder shapes, optimiz
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -98,7 +99,9 @@ class DraftConfig:
 @dataclass
 class DataConfig:
     recipe: str = "math"  # data_recipes/<recipe>.yaml
-    source: str = "hub"  # hub = the recipe's HF datasets; offline = its shipped/generated sample
+    # hub = the recipe's HF datasets; local = its shipped/generated sample, no download
+    # (was `offline`, still read: RENAMED)
+    source: str = "hub"
     max_samples: int = 0  # 0 = the recipe's own limit
     eval_samples: int = 0  # 0 = the recipe's own held-out size
     seed: int = 0
@@ -137,7 +140,9 @@ class HarvestConfig:
 
 @dataclass
 class TrainConfig:
-    mode: str = "offline"  # offline = from harvest shards; online = target in the loop
+    # stored = from the harvest's stored shards; online = the target in the loop (no shards)
+    # (was `offline`, still read: RENAMED)
+    mode: str = "stored"
     ttt_steps: int = 3  # training-time-test unroll depth
     ttt_decay: float = 0.8  # loss weight of step i is decay**i
     # positions the draft learns to predict: assistant = assistant tokens only (loss_mask);
@@ -164,7 +169,7 @@ class TrainConfig:
     # caches stop growing with the harvest (masks keep the padding out of the loss); 1 = off
     pad_multiple: int = 64
     grad_accum: int = 1
-    num_workers: int = 1  # offline: DataLoader processes reading shards ahead (0 = in-process)
+    num_workers: int = 1  # stored: DataLoader processes reading shards ahead (0 = in-process)
     lr: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
     warmup_ratio: float = 0.05
@@ -179,12 +184,35 @@ class TrainConfig:
     # its train/best); its weights AND its draft vocab are the starting point (refresh jobs).
     # draft-lm: a trained draft LM's HF dir (the same places), instead of draft.init
     init_from: str = ""
-    # draft-lm only: loss = (1 - ce_weight) * KL(target || draft) over the full vocab
+    # the divergence every kind learns the target's distribution p by (drafts/divergence.py;
+    # refresh fine-tunes with it too): kl = forward KL(p || q), as EAGLE-3; tv = total
+    # variation 1/2 sum|p - q| = 1 - sum min(p, q), one minus the expected acceptance of a
+    # draft token at T=1 with probabilistic drafting; mix = (1 - loss_mix) * kl + loss_mix * tv
+    loss: str = "kl"
+    loss_mix: float = 0.5  # train.loss=mix only: the weight of tv, in [0, 1]
+    # draft-lm only: loss = (1 - ce_weight) * train.loss's divergence over the full vocab
     # + ce_weight * cross-entropy on the data's next token (hard labels)
     ce_weight: float = 0.0
-    # more offline train data: other runs (same target and aux layer ids) whose harvest joins
+    # more stored train data: other runs (same target and aux layer ids) whose harvest joins
     # this run's train shards and whose token counts join the draft vocab; eval stays this run's
     extra_runs: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        """The loss options (ConfigError naming the key and the choices)."""
+        check_loss(self.loss, self.loss_mix)
+
+
+LOSSES = ("kl", "tv", "mix")  # train.loss: what drafts/divergence.py computes for each
+
+
+def check_loss(name: str, mix: float) -> None:
+    """train.loss names a known divergence and train.loss_mix is a weight in [0, 1]."""
+    if name not in LOSSES:
+        raise ConfigError(f"train.loss={name!r} is not a known loss; choose one of "
+                          f"{', '.join(LOSSES)}")
+    if not 0.0 <= mix <= 1.0:
+        raise ConfigError(f"train.loss_mix={mix} must be in [0, 1] (the weight of tv in "
+                          "train.loss=mix)")
 
 
 @dataclass
@@ -193,7 +221,7 @@ class EvalConfig:
     k_values: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
     # rollouts run at T=1 in large batches: the serving choice must hold at each of these
-    # (export/choice.py); a batch needs as many eval prompts (eval.num_prompts)
+    # (eval/choice.py); a batch needs as many eval prompts (eval.num_prompts)
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 16, 32])
     num_prompts: int = 32  # eval prompts from the recipe's held-out split
     max_new_tokens: int = 256
@@ -210,7 +238,7 @@ class EvalConfig:
     # where the report eval-<run>-<time>.{json,md,png} goes: '' = the run's own eval/ dir;
     # a path (relative to the cwd) writes the files there, and the run's eval/ keeps json + md
     results_dir: str = ""
-    # the method and k to serve per batch size (export/choice.py -> <run>/eval/choice.json, then
+    # the method and k to serve per batch size (eval/choice.py -> <run>/eval/choice.json, then
     # the export's serving.json): within this fraction of the fastest, the simplest method wins
     choice_margin: float = 0.02
     # the temperature whose speed decides among the methods no slower than no speculation at
@@ -279,6 +307,7 @@ class RefreshConfig:
     probe_max_tokens: int = 64
     min_probe_al: float = 1.2  # swap health check: engine AL on the probes must exceed this
     engine_timeout_s: float = 120.0  # rollout servers: seconds one HTTP call may take (swap, probes)
+    status_timeout_s: float = 5.0  # `draftkit status`: seconds each engine may take to answer
     poll_s: float = 10.0  # watch: seconds between scans of the checkpoint/rollout dirs
     # the gate: publish only with at least this many held-out draft starts (response positions
     # where a draft of k begins, as drift.estimate counts them); fewer = "undecided"
@@ -372,6 +401,25 @@ def _check_value(key: str, tp: Any, value: Any) -> Any:
     return value
 
 
+# Values renamed so that "offline" means one thing (no network: HF_HUB_OFFLINE): {key: {old:
+# new}}. The old value still works for one release and prints one deprecation line per process.
+RENAMED = {"data.source": {"offline": "local"}, "train.mode": {"offline": "stored"}}
+_warned: set[tuple[str, str]] = set()
+
+
+def renamed(key: str, value: Any) -> Any:
+    """`value` of config key `key` under its current name (RENAMED), with a deprecation line."""
+    new = RENAMED.get(key, {}).get(value) if isinstance(value, str) else None
+    if new is None:
+        return value
+    if (key, value) not in _warned:
+        _warned.add((key, value))
+        print(f"draftkit: {key}={value} is deprecated, use {key}={new} (the same meaning; "
+              f"'offline' now means only no network); the old name goes in the next release",
+              file=sys.stderr)
+    return new
+
+
 def merge(obj: Any, data: dict, prefix: str = "") -> Any:
     """Apply a nested dict onto dataclass `obj` in place, validating keys and types."""
     if not isinstance(data, dict):
@@ -386,7 +434,7 @@ def merge(obj: Any, data: dict, prefix: str = "") -> Any:
         if dataclasses.is_dataclass(current):
             merge(current, value, prefix=f"{full}.")
         else:
-            setattr(obj, key, _check_value(full, hints[key], value))
+            setattr(obj, key, _check_value(full, hints[key], renamed(full, value)))
     return obj
 
 
@@ -445,6 +493,7 @@ def load(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     cfg = from_dict(data)
     if overrides:
         merge(cfg, parse_overrides(overrides))
+    cfg.train.check()
     cfg.refresh.check()
     return cfg
 

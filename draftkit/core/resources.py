@@ -1,4 +1,4 @@
-"""The run templates (`configs/`) and data recipes (`data_recipes/`, with their offline samples)
+"""The run templates (`configs/`) and data recipes (`data_recipes/`, with their local samples)
 that ship with draftkit, found through importlib.resources.
 
 The repository keeps both at its top level; `draftkit/_data/` links to them, and the wheel ships

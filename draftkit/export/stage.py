@@ -9,12 +9,14 @@ drafts/draft_lm/export.py: a plain HF model dir), each with speculative_config.j
 (serving snippets for vLLM, NeMo-RL and verl, drafts/export_files.py) and meta.json. The parity check
 (`export.check`) serves the export in vLLM at T=0 on the run's eval prompts and puts vLLM's
 measured AL next to the training-time simulated AL (check.json, meta.json).
-Where `draftkit eval` measured these weights, the export also gets the measured method and k per
-batch size (export/serving_file.py: serving.json, a README section, meta.json["serving"]).
+Where `draftkit eval` measured these weights (its decision: <run>/eval/choice.json), the export
+also gets the measured method and k per batch size (export/serving_file.py: serving.json, a
+README section, meta.json["serving"]): export, eval, then export again.
 
 An export is relocatable: the files a server reads hold no path of the machine that wrote them.
 `speculative_config.json` names the draft as `"model": "."` (this directory: vLLM resolves it
-against its working directory; `load_speculative_config` resolves it against the file).
+against its working directory; serving/speculative.py's `export_config` resolves it against the
+file, and its `served` says what serves the export at a batch size and temperature).
 """
 
 from __future__ import annotations
@@ -42,13 +44,6 @@ def export(run_dir: str | Path, overrides: list[str] | None = None) -> Path:
     keep_choice(run, out)
     check_in_vllm(run, out)
     return out
-
-
-def load_speculative_config(export_dir: str | Path) -> dict:
-    """An export's speculative_config.json with `model` resolved against the export dir."""
-    export_dir = Path(export_dir)
-    sc = artifacts.read_json(export_dir / "speculative_config.json")
-    return {**sc, "model": str((export_dir / sc["model"]).resolve())}
 
 
 # ----------------------------------------------------------------------------- parity check

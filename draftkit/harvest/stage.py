@@ -3,7 +3,7 @@
     draftkit harvest runs/demo
     draftkit harvest runs/tiny harvest.shard_tokens=2048 harvest.dtype=float32   # tiny CPU run
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
-        --dynamo_backend no -m draftkit.harvest.stage runs/demo       # 2 processes, identical bytes
+        --dynamo_backend no -m draftkit.cli harvest runs/demo    # 2 processes, identical bytes
 
 (accelerate 1.x starts a single process for `--cpu`; `--multi_gpu` spawns the ranks via
 torchrun, and on a machine without CUDA they join a gloo group on the CPU.)
@@ -343,8 +343,3 @@ def harvest(run_dir: Path, overrides: list[str] | None = None) -> Path:
     state.wait_for_everyone()
     return run.paths.harvest
 
-
-if __name__ == "__main__":  # `accelerate launch ... -m draftkit.harvest.stage RUN [key=value ...]`
-    from draftkit.cli import main
-
-    main(["harvest", *sys.argv[1:]])

@@ -1,10 +1,10 @@
 """`draftkit plan RUN`: what a run will take on this machine before any work starts: tokens to
-regenerate and harvest, hidden-state disk (offline), memory for each stage, time per stage.
+regenerate and harvest, hidden-state disk (train.mode=stored), memory for each stage, time per stage.
 
     draftkit plan runs/qwen3-8b-math-eagle3
     draftkit plan runs/qwen3-8b-math-eagle3 data.max_samples=2000    # what fewer samples cost
 
-`draftkit init` prints the same plan, and when an offline harvest would not fit the free disk
+`draftkit init` prints the same plan, and when a stored harvest would not fit the free disk
 (with FIT_MARGIN and FIT_HEADROOM) it writes `train.mode: online` instead and says why.
 
 Every time is an ESTIMATE. Tokens: the prepared data's real counts once `prepare` ran, else the
@@ -33,7 +33,7 @@ from draftkit.prepare.recipes import load_recipe
 PROMPT_TOKENS = 150  # assumed templated prompt length before `prepare` counted the real ones
 ANSWER_FILL = 0.75  # assumed share of data.regen_max_new_tokens a regenerated answer uses
 RESPONSE_TOKENS = 400  # assumed dataset answer length without regeneration
-FIT_MARGIN = 1.10  # offline harvest fits when its bytes x this + FIT_HEADROOM <= free disk
+FIT_MARGIN = 1.10  # a stored harvest fits when its bytes x this + FIT_HEADROOM <= free disk
 FIT_HEADROOM = 2 << 30
 # achieved share of the matmul FLOP/s (without a bench_scale calibration of this machine)
 EFFICIENCY = {"forward": 0.5, "train": 0.3, "decode": 0.3, "harvest_vs_forward": 0.8}
@@ -54,10 +54,10 @@ class Plan:
     harvest_tokens: int
     bytes_per_token: int  # hidden states + ids
     taps: list[int]
-    disk_bytes: int  # offline harvest
+    disk_bytes: int  # the stored harvest
     disk_dir: str
     free_bytes: int
-    fits: bool  # offline harvest fits free disk with the margin
+    fits: bool  # the stored harvest fits free disk with the margin
     mode: str  # train.mode
     memory: dict[str, int]  # stage -> bytes (estimates)
     memory_limit: int  # RAM (CPU) or the GPU's memory
@@ -90,9 +90,9 @@ def _assumed(cfg: RunConfig) -> dict:
     recipe = load_recipe(d.recipe)
     train = d.max_samples or recipe.max_samples
     ev = d.eval_samples or recipe.eval_samples
-    if d.source == "offline":  # the shipped/generated samples bound what prepare can take
-        train = min(train, _offline_rows(recipe, recipe.sources))
-        ev = min(ev, _offline_rows(recipe, [recipe.eval] if recipe.eval else []))
+    if d.source == "local":  # the shipped/generated samples bound what prepare can take
+        train = min(train, _local_rows(recipe, recipe.sources))
+        ev = min(ev, _local_rows(recipe, [recipe.eval] if recipe.eval else []))
     train = (train + d.self_instruct) * (1 + d.substitute_copies)
     ev_h = min(ev, cfg.harvest.eval_sequences) if cfg.harvest.eval_sequences else ev
     answer = ANSWER_FILL * d.regen_max_new_tokens if d.regenerate else RESPONSE_TOKENS
@@ -106,12 +106,12 @@ def _assumed(cfg: RunConfig) -> dict:
             "from": why, "per": per}
 
 
-def _offline_rows(recipe, sources: list) -> int:
-    """Rows the offline sample of `sources` holds: mathgen counts, local JSONL/Parquet rows."""
+def _local_rows(recipe, sources: list) -> int:
+    """Rows the local sample of `sources` holds: mathgen counts, local JSONL/Parquet rows."""
     n = 0
     for src in sources:
-        files = [*src.files, *(src.offline.files if src.offline else [])]
-        n += src.offline.count if src.offline and src.offline.mathgen else 0
+        files = [*src.files, *(src.local.files if src.local else [])]
+        n += src.local.count if src.local and src.local.mathgen else 0
         for f in map(recipe.resolve, files):
             if f.suffix == ".parquet":
                 import pyarrow.parquet as pq  # the prepare stack's (datasets) own dependency
@@ -221,7 +221,7 @@ def memory(cfg: RunConfig, bytes_per_token: int) -> dict[str, int]:
                                    * t.hidden_size * 4)
     act_online = tr.batch_tokens * (4 * t.hidden_size + 2 * t.intermediate_size) * dt
     return {"harvest": int(weights + act_fwd + cfg.harvest.shard_tokens * bytes_per_token * 2),
-            "offline train": int(head + act_train),
+            "stored train": int(head + act_train),
             "online train": int(weights + head + act_train + act_online)}
 
 
@@ -235,7 +235,7 @@ def memory_limit(device: str) -> int:
 
 
 def fits(disk_bytes: int, free: int) -> bool:
-    """An offline harvest of `disk_bytes` fits `free` bytes with the margin."""
+    """A stored harvest of `disk_bytes` fits `free` bytes with the margin."""
     return disk_bytes * FIT_MARGIN + FIT_HEADROOM <= free
 
 
@@ -273,15 +273,15 @@ def make(cfg: RunConfig, paths: artifacts.RunPaths, results_dirs: list[Path] | N
 
 
 def choose_mode(cfg: RunConfig, p: Plan) -> bool:
-    """Switch `cfg` (and `p`) to online training when its offline harvest does not fit the
-    disk; False when nothing changed (already online, it fits, the kind trains offline only)."""
-    if cfg.train.mode != "offline" or p.fits:
+    """Switch `cfg` (and `p`) to online training when its stored harvest does not fit the
+    disk; False when nothing changed (already online, it fits, the kind trains from stored shards only)."""
+    if cfg.train.mode != "stored" or p.fits:
         return False
     cfg.train.mode = "online"
     try:
         kinds.of(cfg).check_train(cfg)
     except DraftkitError:
-        cfg.train.mode = "offline"
+        cfg.train.mode = "stored"
         return False
     p.mode = "online"
     return True
@@ -310,7 +310,7 @@ def _hours(s: float) -> str:
 
 def render(p: Plan) -> str:
     m = p.memory
-    offline = p.seconds["harvest"] + p.seconds["train"]
+    stored = p.seconds["harvest"] + p.seconds["train"]
     lines = [
         f"plan for {p.run}: target {p.target} ({p.params_b:g}B params) on {p.device} "
         "- an ESTIMATE",
@@ -319,25 +319,25 @@ def render(p: Plan) -> str:
         f"  regenerate  {p.regen_tokens:,} tokens written by the target (vLLM)",
         f"  harvest     {p.harvest_tokens:,} tokens x {p.bytes_per_token:,} B (taps {p.taps} + "
         f"last state, x hidden size x storage dtype, + ids) = {_size(p.disk_bytes)}",
-        f"  disk        {_size(p.free_bytes)} free at {p.disk_dir}: offline harvest "
+        f"  disk        {_size(p.free_bytes)} free at {p.disk_dir}: stored harvest "
         + ("fits" if p.fits else f"does NOT fit (needs x{FIT_MARGIN} + {_size(FIT_HEADROOM)})"),
-        f"  memory      harvest {_size(m['harvest'])}, offline train {_size(m['offline train'])}"
+        f"  memory      harvest {_size(m['harvest'])}, stored train {_size(m['stored train'])}"
         f", online train {_size(m['online train'])} (this {p.device} has "
         f"{_size(p.memory_limit)})",
-        f"  time        regenerate {_hours(p.seconds['regenerate'])}; offline: harvest "
+        f"  time        regenerate {_hours(p.seconds['regenerate'])}; stored: harvest "
         f"{_hours(p.seconds['harvest'])} + train {_hours(p.seconds['train'])} = "
-        f"{_hours(offline)}; online train {_hours(p.seconds['online train'])}",
+        f"{_hours(stored)}; online train {_hours(p.seconds['online train'])}",
         "  speeds      " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in p.rates.items()),
         f"              from {p.rates_from}",
         f"  mode        train.mode={p.mode}",
     ]
     lines += [f"  note        {n}" for n in p.notes]
     if not p.fits and p.mode == "online":
-        lines.append(f"  note        online: an offline harvest would need {_size(p.disk_bytes)} "
+        lines.append(f"  note        online: a stored harvest would need {_size(p.disk_bytes)} "
                      f"and {p.disk_dir} has {_size(p.free_bytes)} free (init picks online then; "
-                     "harvest.dir=PATH on a larger disk and train.mode=offline go back)")
-    if not p.fits and p.mode == "offline":
-        lines.append("  note        offline harvest would fill the disk: " + DISK_FIXES)
+                     "harvest.dir=PATH on a larger disk and train.mode=stored go back)")
+    if not p.fits and p.mode == "stored":
+        lines.append("  note        a stored harvest would fill the disk: " + DISK_FIXES)
     if m["online train"] > p.memory_limit and p.mode == "online":
         lines.append("  note        online training needs more memory than this device has: "
                      "lower train.batch_tokens, or train on a larger device")

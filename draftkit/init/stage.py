@@ -1,10 +1,10 @@
 """`draftkit init`: resolve a target + data recipe + draft kind into one run config on disk.
 
     draftkit init --target Qwen3-8B --data math            # offline: shapes come from the registry
-    draftkit init --target smollm2-135m --data math data.source=offline   # tiny CPU run
+    draftkit init --target smollm2-135m --data math data.source=local   # tiny CPU run
 
 It prints the run's plan (init/plan.py: tokens, disk, memory, time on this machine) and, when
-an offline harvest would not fit the free disk, writes train.mode=online and says why.
+a stored harvest would not fit the free disk, writes train.mode=online and says why.
 
 Layers, lowest first: dataclass defaults, `configs/<kind>.yaml`, `configs/<kind>-<family>.yaml`
 or `configs/<kind>-<target>.yaml` when present, then everything derived from the target (aux
@@ -103,7 +103,7 @@ def init_run(target: str, data: str, kind: str = "eagle3", k: int | None = None,
     run_dir = Path(runs_dir) / cfg.name
     paths = artifacts.RunPaths(run_dir, harvest_dir=cfg.harvest.dir or None)
     if "mode" not in config.parse_overrides(overrides or []).get("train", {}):
-        # an offline harvest that cannot fit the disk: online training (the plan says why)
+        # a stored harvest that cannot fit the disk: online training (the plan says why)
         plan.choose_mode(cfg, plan.make(cfg, paths))
     if paths.config.exists() and not force:
         raise DraftkitError(f"run dir {run_dir} already holds a run config; pass --force to "
@@ -121,7 +121,7 @@ def next_steps(run_dir: Path, cfg: RunConfig) -> str:
     lines = [f"wrote {run_dir / config.CONFIG_NAME}"]
     if info.source == registry.SOURCE_HUB:
         lines.append(f"needs downloading before prepare: {info.hub_id} (target weights)"
-                     + ("" if cfg.data.source == "offline" else
+                     + ("" if cfg.data.source == "local" else
                         f"; the '{cfg.data.recipe}' recipe's Hugging Face datasets"))
     elif info.source == registry.SOURCE_GGUF:
         lines.append(f"target {info.name}: embedded GGUF, converted once into "
@@ -131,5 +131,5 @@ def next_steps(run_dir: Path, cfg: RunConfig) -> str:
     lines.append(plan.render(plan.make(cfg, config.run_paths(run_dir), [Path("results")])))
     verbs = ("prepare", "harvest", "train", "export", "eval")
     lines += ["next:"] + [f"  draftkit {verb} {run_dir}" for verb in verbs
-                          if verb != "harvest" or cfg.train.mode == "offline"]
+                          if verb != "harvest" or cfg.train.mode == "stored"]
     return "\n".join(lines)

@@ -14,7 +14,8 @@ What it changes in TRL (private hooks, so the TRL version is pinned and checked 
 - the engine: TRL builds `LLM(...)` itself in colocate mode (on every rank, vLLM's external
   launcher) with no pass-through for engine keywords, so while the trainer is built,
   `trl.generation.vllm_generation.LLM` is draftkit's engine start with TRL's own keywords plus
-  the draft's speculative config and draftkit's worker extension. The name is put back at once.
+  the draft's speculative config (method="auto": serving.json's pick for TRL's generation batch
+  and temperature) and draftkit's worker extension. The name is put back at once.
 - rollouts: `trainer.vllm_generation.generate` is wrapped on the instance; what TRL samples is
   returned untouched; its prompt and completion ids and the call's spec counters are recorded
   (`draftkit/acceptance_length`, `draftkit/draft_tokens` in TRL's logs).
@@ -24,8 +25,8 @@ What it changes in TRL (private hooks, so the TRL version is pinned and checked 
 - at each step end (a TrainerCallback, on every rank): rl/in_loop.py's `step_end`; its events
   go to TRL's logs as `draftkit/<event>_<status>` counts (so to wandb where TRL reports there).
 - the taps (rank 0, where refreshes run): TRL's `compute_loss` wrapped by rl/taps.py.
-Limits: `vllm_mode="colocate"` only (server mode: docs/integration.md#trl); no PEFT on the CPU
-path; a vllm TP > 1 engine refuses every swap (rl/engines.py).
+Limits: `vllm_mode="colocate"` only (server mode: integrations/trl_serve.py); no PEFT on the CPU
+path; with vllm TP > 1 the draft is served frozen (a refresh is refused at start: rl/in_loop.py).
 """
 
 from __future__ import annotations
@@ -35,12 +36,7 @@ import contextlib
 from draftkit.core.errors import DraftkitError
 from draftkit.core.registry import aux_layer_ids
 from draftkit.rl import engines
-from draftkit.rl.in_loop import (  # noqa: F401 - the integration's public names
-    DraftkitConfig,
-    SpeculativeRollouts,
-    draft_speculative_config,
-    serving_advice,
-)
+from draftkit.rl.in_loop import DraftkitConfig, SpeculativeRollouts
 from draftkit.rl.taps import LossTaps
 
 TESTED_TRL = "1.16.0"  # the hooks below read TRL internals of this version
@@ -151,6 +147,7 @@ class DraftkitMixin:
 
     def __init__(self, *args, draftkit: DraftkitConfig, **kwargs):
         loop = SpeculativeRollouts(draftkit)
+        loop.temperature = getattr(kwargs.get("args"), "temperature", 1.0)  # TRL's default T
         with building(loop):
             super().__init__(*args, **kwargs)
         attach(loop, self)

@@ -1,6 +1,6 @@
 """Magpie-style self-instruct: the target writes new in-domain prompts for the TRAIN split.
 
-Templated or scarce offline data leaves the draft with a narrow prompt distribution (a draft
+Templated or scarce local data leaves the draft with a narrow prompt distribution (a draft
 trained on 2,200 templated problems scored 2.4 AL on its own split and 1.7 on hand-written
 ones). Here the target is asked, over many topics and styles, for new problems
 (`self_instruct.instruction` of the recipe, sampled at `data.self_instruct_temperature`), and

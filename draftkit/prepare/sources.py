@@ -3,7 +3,7 @@ and set a held-out eval split aside.
 
 Every source goes through `load_dataset`: hub ids when `data.source=hub`; the shipped JSONL/
 Parquet sample (or mathgen's generated GSM8K-schema file) through `load_dataset("json"|
-"parquet", data_files=...)` when `data.source=offline`, with the same field mapping. Local
+"parquet", data_files=...)` when `data.source=local`, with the same field mapping. Local
 `files:` sources load the same way in both modes. Rows that cannot become a conversation
 (empty prompt, unknown role, turns out of order, duplicate prompt, prompt also in eval) are
 dropped and counted by reason; a column the recipe maps but the data lacks is an error.
@@ -25,7 +25,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.prepare import mathgen
 from draftkit.prepare.recipes import Recipe, RecipeError, SourceSpec
 
-SOURCES = ("hub", "offline")
+SOURCES = ("hub", "local")
 DEFAULT_ROLES = {"system": "system", "user": "user", "assistant": "assistant",
                  "human": "user", "gpt": "assistant", "model": "assistant"}
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -97,7 +97,7 @@ def load_hub(src: SourceSpec, recipe: str, want: int):
         raise DraftkitError(
             f"could not load Hugging Face dataset {hub.path} (config {which}, split {hub.split}) "
             f"for source {src.name!r} of recipe {recipe!r}: "
-            f"{type(e).__name__}: {e}. Without internet use data.source=offline (the recipe's "
+            f"{type(e).__name__}: {e}. Without internet use data.source=local (the recipe's "
             f"shipped sample), or pre-download it on a machine with access "
             f"(`huggingface-cli download --repo-type dataset {hub.path}`) and copy the HF cache."
         ) from e
@@ -111,8 +111,8 @@ def load_source(src: SourceSpec, recipe: Recipe, mode: str, work_dir: Path, seed
         return load_files([recipe.resolve(f) for f in src.files], cache)
     if mode == "hub" and src.hub is not None:
         return load_hub(src, recipe.name, want)
-    off = src.offline
-    if mode == "offline" and off is not None:
+    off = src.local
+    if mode == "local" and off is not None:
         if off.mathgen:
             path = work_dir / f"mathgen-{off.mathgen}-seed{seed}-n{off.count}.jsonl"
             return load_files([mathgen.write_jsonl(path, off.mathgen, off.count, seed)], cache)
@@ -271,7 +271,7 @@ def load_mix(recipe: Recipe, d: DataConfig, work_dir: Path) -> Mix:
     if not active:
         raise DraftkitError(f"recipe {recipe.name!r} has no source with data for "
                             f"data.source={d.source}; use a recipe whose sources have "
-                            f"{'an offline sample' if d.source == 'offline' else 'hub/files'}")
+                            f"{'a local sample' if d.source == 'local' else 'hub/files'}")
     total = n_train + (n_eval if held_out else 0)
     seen: set[str] = set()
     picked, iters, drops = {}, {}, {}

@@ -2,7 +2,7 @@
 with the assistant loss mask and the token frequencies the draft vocabulary is chosen from.
 
     draftkit prepare runs/demo
-    draftkit prepare runs/tiny data.source=offline data.max_samples=32 data.regen_engine=hf
+    draftkit prepare runs/tiny data.source=local data.max_samples=32 data.regen_engine=hf
 
 Steps: load and mix the recipe's sources (sources.py) -> add the system prompt -> drop
 conversations whose first prompt does not fit `data.max_seq_len` -> optionally ask the target for new train prompts

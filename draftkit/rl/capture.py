@@ -14,7 +14,7 @@ forwards online capture runs; the fine-tune reads back the same batches with the
 (the losses never read padded positions). E.g. rows of lengths [5, 3, 4], batch_tokens 8 ->
 plan [[1], [2], [0]] -> stored rows 1, 2, 0 (sample_idx [1, 2, 0]); fine-tune batch b = stored
 sequence b. With harvest.dtype=float32 both modes train the same draft bit for bit; bfloat16
-(the default) rounds the features as an offline harvest does.
+(the default) rounds the features as a stored harvest does.
 
 Taps. A refresh can be handed features another forward already computed over the rollouts
 (`Taps`: an RL trainer's own loss forward, integrations/trl.py), keyed by each row's token ids;

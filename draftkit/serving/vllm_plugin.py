@@ -17,6 +17,8 @@ target's distribution (speculation is no longer lossless) and almost no draft to
 
 `register()` probes the installed fallback and, only if it loses the write, replaces it with
 `expand_into` (the kernel's contract in plain torch), so a fixed vLLM is left alone.
+Before any of it, `register()` refuses a vLLM release other than the one these patches were
+tested with (serving/vllm_version.py; DRAFTKIT_ALLOW_UNTESTED_VLLM=1 overrides).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import logging
 import torch
 
 from draftkit.drafts import kind as kinds
+from draftkit.serving import vllm_version
 
 log = logging.getLogger("draftkit.serving.vllm_plugin")
 
@@ -52,7 +55,9 @@ def expand_is_broken(impl) -> bool:
 
 
 def register() -> None:
-    """vLLM calls this in each process; it must be cheap and idempotent."""
+    """vLLM calls this in each process; it must be cheap and idempotent. A vLLM release the
+    plugins were not tested with stops the process here, in one line (vllm_version.py)."""
+    vllm_version.check()
     try:
         # here, not at the top: it subclasses vLLM's weight-transfer engine at import (vLLM
         # loaded; env_report imports this module without it), and a vLLM without one is fine

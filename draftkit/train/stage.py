@@ -1,8 +1,8 @@
 """`draftkit train RUN`: train the run's draft (any kind: the kind builds the module, drafts/kind.py),
-offline from harvest shards or online with the target in the loop, through the generic loop in
-loop.py.
+from the harvest's stored shards (train.mode=stored) or online with the target in the loop,
+through the generic loop in loop.py.
 
-    draftkit train runs/demo                                  # offline, from harvest/
+    draftkit train runs/demo                                  # train.mode=stored, from harvest/
     draftkit train runs/demo train.mode=online                # target in the loop, no disk
     draftkit train runs/tiny train.max_steps=20 train.batch_tokens=512   # tiny CPU smoke run
     draftkit train runs/rl-200 train.init_from=runs/rl-100 train.extra_runs=[runs/rl-100]  # refresh
@@ -33,6 +33,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.core.prepared_data import load_split
 from draftkit.drafts import kind as kinds
 from draftkit.drafts.acceptance import aggregate
+from draftkit.drafts.divergence import Divergence
 from draftkit.harvest.shards import open_harvest
 from draftkit.targets.capture import OnlineCapture
 from draftkit.targets.lineage import same_lineage
@@ -60,8 +61,8 @@ def _extra_runs(run: Run) -> list[RunPaths]:
         if not r.config.is_file():
             raise DraftkitError(f"train.extra_runs entry {r.root} is not a run dir (no "
                                 "draftkit.yaml); list run dirs whose `draftkit harvest` finished")
-    if runs and cfg.train.mode != "offline":
-        raise DraftkitError("train.extra_runs adds harvested (offline) data; use train.mode=offline")
+    if runs and cfg.train.mode != "stored":
+        raise DraftkitError("train.extra_runs adds harvested (stored) data; use train.mode=stored")
     return runs
 
 
@@ -111,8 +112,8 @@ def train(run_dir: Path, overrides: list[str] | None = None,
     """Train the run's draft; returns the train dir (best checkpoint in train/best)."""
     run = config.open_run(run_dir, overrides)
     cfg = run.cfg
-    if cfg.train.mode not in ("offline", "online"):
-        raise DraftkitError(f"train.mode must be offline or online, got {cfg.train.mode!r}")
+    if cfg.train.mode not in ("stored", "online"):
+        raise DraftkitError(f"train.mode must be stored or online, got {cfg.train.mode!r}")
     kinds.of(cfg).check_train(cfg)
     if not 0 <= cfg.train.feature_noise < 10:
         raise DraftkitError(f"train.feature_noise is a std relative to the features' RMS: "
@@ -123,6 +124,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
     model = build_draft(cfg, data_runs, target).to(device=device, dtype=dtype)
+    model.divergence = Divergence.from_config(cfg.train)  # train.loss, every kind
     if cfg.train.feature_noise:
         model.feature_noise = cfg.train.feature_noise
     if cfg.train.freeze_head:
@@ -134,7 +136,7 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         capture = OnlineCapture(target.model, cfg.draft.aux_layer_ids)
         train_src, eval_src = _online_source(run.paths, "train"), _online_source(run.paths, "eval")
     else:
-        del target  # offline: the target's features are on disk
+        del target  # stored: the target's features are on disk
         train_src = HarvestSource([_open_harvest(cfg, r, "train") for r in data_runs])
         eval_src = HarvestSource([_open_harvest(cfg, run.paths, "eval")])
     pad = cfg.train.pad_multiple

@@ -17,10 +17,13 @@ from pathlib import Path
 
 from draftkit.core import artifacts, registry
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts import kind as kinds
 from draftkit.drafts.dflash import format as fmt
 from draftkit.drafts.eagle_family.export import portable, write_export
-from draftkit.drafts.export_files import serving_snippets
+from draftkit.drafts.export_files import (
+    run_speculative_config,
+    serving_snippets,
+    write_serving_files,
+)
 
 
 def export_run(run) -> Path:
@@ -62,11 +65,6 @@ def check_against_run(spec: fmt.DFlashSpec, cfg) -> None:
                             f"{'; '.join(problems)}. Retrain with `draftkit train RUN`.")
 
 
-def run_speculative_config(k: int, cfg, model: str = ".") -> dict:
-    """vLLM's speculative_config of this draft (asked of the run's kind)."""
-    return kinds.of(cfg).speculative_config(model, k, cfg.draft.draft_sample_method)
-
-
 def write_files(tmp: Path, out: Path, spec: fmt.DFlashSpec, tensors: dict, mask, cfg) -> None:
     """Everything vLLM and a reader need, into `tmp` (the atomic dir that becomes `out`)."""
     from safetensors.torch import save
@@ -75,9 +73,7 @@ def write_files(tmp: Path, out: Path, spec: fmt.DFlashSpec, tensors: dict, mask,
     artifacts.write_bytes_atomic(tmp / fmt.WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     fmt.write_mask_embedding(tmp / fmt.MASK_FILE, spec.mask_token_id, mask)
     artifacts.write_json_atomic(tmp / fmt.CONFIG_FILE, fmt.to_config(spec))
-    artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                run_speculative_config(spec.num_speculative_tokens, cfg))
-    artifacts.write_text_atomic(tmp / "README.md", readme(out.name, spec, cfg))
+    write_serving_files(tmp, cfg, readme(out.name, spec, cfg))
 
 
 def copy_files(src: Path, dst: Path) -> None:
@@ -87,8 +83,7 @@ def copy_files(src: Path, dst: Path) -> None:
 
 
 def readme(name: str, spec: fmt.DFlashSpec, cfg) -> str:
-    sc = json.dumps(run_speculative_config(spec.num_speculative_tokens, cfg,
-                                           model=f"/path/to/{name}"))
+    sc = json.dumps(run_speculative_config(cfg, model=f"/path/to/{name}"))
     target = spec.verifier_name_or_path or spec.target_name
     return f"""# DFlash draft for {cfg.target.name}
 

@@ -20,14 +20,9 @@ from pathlib import Path
 
 from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
+from draftkit.drafts.export_files import run_speculative_config
 from draftkit.drafts.lm_family.build import check_tokenizers, load_lm
-from draftkit.drafts.lm_family.export import (
-    num_params,
-    run_speculative_config,
-    stored_dtype,
-    target_ref,
-    write_files,
-)
+from draftkit.drafts.lm_family.export import num_params, stored_dtype, target_ref, write_files
 from draftkit.targets.load import run_target_dir
 
 

@@ -18,11 +18,15 @@ from pathlib import Path
 
 from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle_family import format as fmt
 from draftkit.drafts.eagle_family.export import _target_ref, check_against_run, portable
 from draftkit.drafts.eagle_family.model import CONFIG_FILE, WEIGHTS_FILE
-from draftkit.drafts.export_files import read_json, serving_snippets
+from draftkit.drafts.export_files import (
+    read_json,
+    run_speculative_config,
+    serving_snippets,
+    write_serving_files,
+)
 
 # serving/drafter_swap.py's worker extension, named for the README (drafts never import serving)
 SWAP_EXTENSION = "draftkit.serving.drafter_swap.DrafterSwap"
@@ -46,7 +50,7 @@ def export_run(run) -> Path:
                              {"export_s": time.perf_counter() - t0}, source=str(best),
                              train_step=train_meta.get("step"),
                              sim_al=(train_meta.get("eval") or {}).get("sim_al"))
-    sc = _run_speculative_config(spec, cfg, model=str(out))
+    sc = run_speculative_config(cfg, model=str(out))
     print(f"exported {out}\n  vllm serve {_target_ref(spec)} --speculative-config "
           f"'{json.dumps(sc)}'")
     return out
@@ -62,25 +66,17 @@ def load_checkpoint(best: Path, run_dir: Path) -> tuple[fmt.DraftSpec, dict]:
     return spec, load_file(str(best / WEIGHTS_FILE))
 
 
-def _run_speculative_config(spec: fmt.DraftSpec, cfg, model: str = ".") -> dict:
-    """`speculative_config` of this head under the run's draft.draft_sample_method, `model` as given
-    (asked of the run's kind)."""
-    return kinds.of(cfg).speculative_config(model, spec.num_speculative_tokens,
-                                            cfg.draft.draft_sample_method)
-
-
 def write_files(tmp: Path, out: Path, spec: fmt.DraftSpec, tensors: dict, cfg) -> None:
     from safetensors.torch import save
 
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     artifacts.write_bytes_atomic(tmp / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec))
-    artifacts.write_json_atomic(tmp / "speculative_config.json", _run_speculative_config(spec, cfg))
-    artifacts.write_text_atomic(tmp / "README.md", readme(out.name, spec, cfg))
+    write_serving_files(tmp, cfg, readme(out.name, spec, cfg))
 
 
 def readme(name: str, spec: fmt.DraftSpec, cfg) -> str:
-    sc = json.dumps(_run_speculative_config(spec, cfg, model=f"/path/to/{name}"))
+    sc = json.dumps(run_speculative_config(cfg, model=f"/path/to/{name}"))
     target = _target_ref(spec)
     flags = ", ".join(f"{f}={getattr(spec, f)}" for f in fmt.NORM_FLAGS)
     return f"""# EAGLE-3 draft for {cfg.target.name}

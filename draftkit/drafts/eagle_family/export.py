@@ -15,9 +15,8 @@ from pathlib import Path
 
 from draftkit.core import artifacts, provenance, registry
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle_family import format as fmt
-from draftkit.drafts.export_files import read_json
+from draftkit.drafts.export_files import read_json, run_speculative_config
 
 
 def check_against_run(spec: fmt.DraftSpec, cfg) -> None:
@@ -73,8 +72,7 @@ def write_export(run, best: Path, spec, write: Callable[[Path, Path], None],
                               {"export_s": time.perf_counter() - t0}, source=str(best),
                               train_step=train_meta.get("step"),
                               sim_al=(train_meta.get("eval") or {}).get("sim_al"))
-    sc = kinds.of(cfg).speculative_config(str(out), spec.num_speculative_tokens,
-                                          cfg.draft.draft_sample_method)
+    sc = run_speculative_config(cfg, model=str(out))
     print(f"exported {out}\n  vllm serve {_target_ref(spec)} --speculative-config "
           f"'{json.dumps(sc)}'")
     return out

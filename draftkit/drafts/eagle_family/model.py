@@ -40,6 +40,7 @@ from draftkit.core.batching import pad_rows
 from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import acceptance
+from draftkit.drafts.divergence import KL
 from draftkit.drafts.eagle_family import format as fmt
 from draftkit.drafts.eagle_family import init_layer, losses
 from draftkit.drafts.eagle_family.format import DraftSpec
@@ -79,6 +80,7 @@ class FamilyDraft(nn.Module, abc.ABC):
             raise DraftkitError(f"draft vocab {vocab.draft_size}/{vocab.target_size} does not "
                                 f"match the spec {spec.draft_vocab_size}/{spec.target_vocab_size}")
         self.spec, self.ttt_decay = spec, ttt_decay
+        self.divergence = KL  # train.loss: the train stage and refresh set the run's
 
     def add_output(self, vocab: DraftVocab, init_std: float) -> None:
         """The output side, the (empty) verifier parts and RoPE, after the subclass's layers;
@@ -200,7 +202,7 @@ class FamilyDraft(nn.Module, abc.ABC):
             logits = logits.index_put((step_valid,), picked)
             kl_sum, c, correct = losses.step_terms(
                 logits, acceptance.shift(tgt_logits, 1 + j), acceptance.shift(tgt_ids, 1 + j), to_target,
-                step_valid, chain_ok)
+                step_valid, chain_ok, self.divergence)
             chain_ok = chain_ok & correct
             kl_sums.append(kl_sum)
             counts.append(c)

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import artifacts, registry
-from draftkit.drafts import kind as kinds
-from draftkit.drafts.export_files import serving_snippets
+from draftkit.core import registry
+from draftkit.drafts.export_files import (
+    run_speculative_config,
+    serving_snippets,
+    write_serving_files,
+)
 from draftkit.targets.load import run_target_dir
 
 
@@ -32,18 +35,12 @@ def stored_dtype(path: Path) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
 
 
-def write_files(tmp: Path, final: Path, lm, tokenizer, cfg) -> None:
-    """The export dir's files (meta.json aside) into `tmp`, naming `final` where it will live."""
+def write_files(tmp: Path, final: Path, lm, tokenizer, cfg, text: str | None = None) -> None:
+    """The export dir's files (meta.json aside) into `tmp`, naming `final` where it will live;
+    README.md is `text` where a kind of the family gives its own (PARD), else `readme`'s."""
     lm.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    artifacts.write_json_atomic(tmp / "speculative_config.json", run_speculative_config(cfg))
-    artifacts.write_text_atomic(tmp / "README.md", readme(final, cfg, lm))
-
-
-def run_speculative_config(cfg, model: str = ".") -> dict:
-    """vLLM's speculative_config of the run's draft LM (asked of its kind), `model` as given."""
-    d = cfg.draft
-    return kinds.of(cfg).speculative_config(model, d.num_speculative_tokens, d.draft_sample_method)
+    write_serving_files(tmp, cfg, readme(final, cfg, lm) if text is None else text)
 
 
 def num_params(lm: torch.nn.Module) -> int:

@@ -3,9 +3,11 @@ call them).
 
 At a position p whose next token x_{p+1} is an assistant token, with p = softmax(target
 logits at p) and q = softmax(draft logits at p), both over the FULL vocabulary:
-    kl(p)  = KL(p || q) = sum_v p_v (log p_v - log q_v)     (forward KL, as DistillSpec's FKL)
+    d(p)   = the run's divergence of q from p (train.loss: kl, as DistillSpec's FKL, tv or
+             their mix; drafts/divergence.py)
     ce(p)  = -log q_{x_{p+1}}                               (hard label: the data's next token)
-    loss   = (1 - w) * mean kl + w * mean ce                 (w = train.ce_weight, default 0)
+    loss   = (1 - w) * mean d + w * mean ce                  (w = train.ce_weight, default 0)
+The metrics' `kl_sum_j` count is the sum of d (the divergence trained, whatever its name).
 Greedy acceptance is simulated like EAGLE-3's (drafts/acceptance.py, whose count keys and
 `aggregate` these metrics share): correct(p) = draft argmax == target argmax at p. A chain of k
 drafts from position t is teacher-forced, so draft j of the chain is the draft's prediction at
@@ -19,22 +21,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from draftkit.drafts import divergence
 from draftkit.drafts.acceptance import metrics_from_counts, shift
+from draftkit.drafts.divergence import KL, Divergence
 
 
 def kl_full_vocab(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """KL(softmax(target) || softmax(draft)) per row: [N, V] x2 -> [N] (float32)."""
-    log_p = F.log_softmax(target_logits.float(), dim=-1)  # [N, V]
-    log_q = F.log_softmax(draft_logits.float(), dim=-1)  # [N, V]
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
+    return divergence.rows(draft_logits, target_logits, KL)
 
 
 def distill_terms(draft_logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-                  ce_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                             torch.Tensor]:
+                  ce_weight: float, div: Divergence = KL) -> tuple[torch.Tensor, torch.Tensor,
+                                                                   torch.Tensor, torch.Tensor]:
     """Sums over N positions: draft_logits [N, V] (with grad), target_logits [N, V], labels [N]
-    (the data's next token). Returns (loss_sum, kl_sum, ce_sum, correct [N] bool)."""
-    kl = kl_full_vocab(draft_logits, target_logits)  # [N]
+    (the data's next token). Returns (loss_sum, div_sum, ce_sum, correct [N] bool); the
+    reference `LinearDistill` is checked against."""
+    kl = divergence.rows(draft_logits, target_logits, div)  # [N]
     loss = (1.0 - ce_weight) * kl.sum()
     ce = draft_logits.new_zeros(())
     if ce_weight > 0:
@@ -89,13 +92,13 @@ class LinearDistill(torch.autograd.Function):
     and one chunk's [n, V] logits alive at a time.
 
     forward(hidden [N, Hd], weight [V, Hd], last [N, H], labels [N], target_norm [H],
-            target_head [V, H], eps, ce_weight, chunk, dtype)
-      -> (loss_sum, kl_sum, ce_sum, correct [N] bool); only loss_sum has a gradient.
+            target_head [V, H], eps, ce_weight, div (a Divergence), chunk, dtype)
+      -> (loss_sum, div_sum, ce_sum, correct [N] bool); only loss_sum has a gradient.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, last, labels, target_norm, target_head, eps, ce_weight,
-                chunk, dtype):
+                div, chunk, dtype):
         want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         w = weight.to(dtype)  # [V, Hd]
         grad_h = torch.zeros_like(hidden, dtype=torch.float32) if want_grad else None
@@ -107,21 +110,23 @@ class LinearDistill(torch.autograd.Function):
             logits = F.linear(h, w).float()  # [n, V]
             tgt = target_logits_from_last(last[s:s + chunk], target_norm, target_head, eps, dtype)
             correct[s:s + chunk] = logits.argmax(-1) == tgt.argmax(-1)
-            # three [n, V] buffers at a time, updated in place: log_q, log_p -> p, diff
+            # a few [n, V] buffers at a time, updated in place (divergence.sum_and_grad)
             log_q, log_p = F.log_softmax(logits, -1), F.log_softmax(tgt, -1)
             del logits, tgt
-            p = log_p.exp()
-            kl = torch.dot(p.flatten(), log_p.sub_(log_q).flatten())  # sum p (log p - log q)
             ce = -log_q.gather(1, lab[:, None]).sum()
-            kl_sum, ce_sum = kl_sum + kl, ce_sum + ce
-            loss_sum = loss_sum + (1.0 - ce_weight) * kl + ce_weight * ce
+            q = log_q.exp() if want_grad and ce_weight else None  # [n, V]
+            d, g = divergence.sum_and_grad(log_p, log_q, div, want_grad)  # g = d d / d logits
+            del log_p, log_q
+            kl_sum, ce_sum = kl_sum + d, ce_sum + ce
+            loss_sum = loss_sum + (1.0 - ce_weight) * d + ce_weight * ce
             if want_grad:
-                g = log_q.exp_().sub_(p, alpha=1.0 - ce_weight)  # (1-w)(q - p) + w q ...
-                g[torch.arange(g.shape[0], device=g.device), lab] -= ce_weight  # ... - w onehot
+                if ce_weight:  # (1-w) g + w (q - onehot)
+                    g = g.mul_(1.0 - ce_weight).add_(q, alpha=ce_weight)
+                    g[torch.arange(g.shape[0], device=g.device), lab] -= ce_weight
                 g = g.to(dtype)  # [n, V]
                 grad_h[s:s + chunk] = (g @ w).float()  # [n, Hd]
                 grad_w += (g.t() @ h).float()  # [V, Hd]
-            del log_q, log_p, p
+            del g, q
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.mark_non_differentiable(kl_sum, ce_sum, correct)
@@ -131,5 +136,5 @@ class LinearDistill(torch.autograd.Function):
     def backward(ctx, g_loss, _g_kl, _g_ce, _g_correct):
         grad_h, grad_w = ctx.saved_tensors
         dh, dw = ctx.dtypes
-        return ((grad_h * g_loss).to(dh), (grad_w * g_loss).to(dw), None, None, None, None, None, None, None,
-                None)
+        return ((grad_h * g_loss).to(dh), (grad_w * g_loss).to(dw), None, None, None, None, None,
+                None, None, None, None)

@@ -3,7 +3,8 @@ generic loop (train/loop.py), distilled from the target's full-vocabulary distri
 
 The batch is the EAGLE-3 trainer's (train/stage.py): input_ids, loss_mask, attention_mask
 [B, T] and `last` [B, T, H_target], the target's last decoder output before its final norm,
-either read from harvest shards (offline) or computed by the target in the loop (online).
+either read from the stored harvest shards (train.mode=stored) or computed by the target in the
+loop (online).
 The target's logits are `lm_head(norm(last))` (targets/capture.py `logits_from_last`),
 computed here from frozen copies of the target's final norm and lm_head (`target_norm`,
 `target_lm_head`, never saved with the draft). Alignment needs no shift: the draft at
@@ -25,6 +26,7 @@ from torch import nn
 from draftkit.core.errors import DraftkitError
 from draftkit.core.hardware import autocast_dtype
 from draftkit.drafts.acceptance import shift
+from draftkit.drafts.divergence import KL
 from draftkit.drafts.lm_family import losses
 
 
@@ -42,6 +44,7 @@ class DraftLM(nn.Module):
         self.lm = lm
         self.k, self.ce_weight, self.eps = num_speculative_tokens, ce_weight, rms_norm_eps
         self.chunk = chunk or max(128, (1 << 26) // vocab)  # rows per [rows, V] logits chunk
+        self.divergence = KL  # train.loss: the train stage and refresh set the run's
         # Frozen parameters rather than buffers: DDP would re-broadcast a [V, H] buffer each step.
         self.target_norm = nn.Parameter(target_norm.detach().float().clone(), requires_grad=False)
         self.target_lm_head = nn.Parameter(target_lm_head.detach().float().clone(),
@@ -73,7 +76,8 @@ class DraftLM(nn.Module):
         head = self.lm.get_output_embeddings().weight  # [V, Hd] (tied: the embedding)
         loss_sum, kl_sum, ce_sum, hits = losses.LinearDistill.apply(
             hidden[need], head, batch["last"][need], shift(ids, 1)[need],  # [N, Hd], [N, H], [N]
-            self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.chunk, dtype)
+            self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.divergence,
+            self.chunk, dtype)
         correct = torch.zeros_like(need)  # [B, T]
         correct[need] = hits
         n = max(1, int(need.sum()))

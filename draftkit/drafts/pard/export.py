@@ -14,26 +14,19 @@ from pathlib import Path
 
 from draftkit.core import artifacts, provenance
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts.export_files import serving_snippets
+from draftkit.drafts.export_files import run_speculative_config, serving_snippets
 from draftkit.drafts.lm_family import export as lm_export
 from draftkit.drafts.lm_family.build import check_tokenizers, load_lm
 from draftkit.targets.load import run_target_dir
 
 
-def pard_speculative_config(cfg) -> dict:
-    """speculative_config.json of a PARD export (the draft is this directory, "."): the kind's,
-    draft_model with parallel_drafting."""
-    return lm_export.run_speculative_config(cfg)
-
-
 def write_files(tmp: Path, final: Path, lm, tokenizer, cfg) -> None:
-    """The draft-lm export's files, with PARD's speculative_config.json and README.md."""
+    """The draft-lm export's files with PARD's README.md (speculative_config.json is the
+    kind's: draft_model with parallel_drafting)."""
     if getattr(lm.config, "pard_token", None) is None:
         raise DraftkitError("this draft LM has no pard_token in its config: it was not trained "
                             "as a PARD draft (draft.kind=pard)")
-    lm_export.write_files(tmp, final, lm, tokenizer, cfg)
-    artifacts.write_json_atomic(tmp / "speculative_config.json", pard_speculative_config(cfg))
-    artifacts.write_text_atomic(tmp / "README.md", readme(final, cfg, lm))
+    lm_export.write_files(tmp, final, lm, tokenizer, cfg, readme(final, cfg, lm))
 
 
 def export_run(run) -> Path:
@@ -60,14 +53,14 @@ def export_run(run) -> Path:
                              source=str(best), kind="pard", params=lm_export.num_params(lm),
                              pard_token=int(lm.config.pard_token), train_step=meta.get("step"),
                              sim_al=(meta.get("eval") or {}).get("sim_al"))
-    sc = {**pard_speculative_config(cfg), "model": str(out)}
+    sc = run_speculative_config(cfg, str(out))
     print(f"exported {out}\n  vllm serve {lm_export.target_ref(cfg)} --speculative-config "
           f"'{json.dumps(sc)}'")
     return out
 
 
 def readme(out: Path, cfg, lm) -> str:
-    sc = json.dumps({**pard_speculative_config(cfg), "model": f"/path/to/{out.name}"})
+    sc = json.dumps(run_speculative_config(cfg, f"/path/to/{out.name}"))
     target = lm_export.target_ref(cfg)
     return f"""# PARD draft LM for {cfg.target.name}
 

@@ -7,8 +7,9 @@ target is the target's distribution at a+j, lm_head(norm(last[a+j])): what the t
 say given the real x_0..x_{a+j}, and at T=0 the token it verifies. An anchor is every position
 whose next token is learned (an assistant token): step 0 scores the positions DraftLM scores.
 
-Loss = (1/k) sum_j mean KL_j over the slots of step j whose label x_{a+1+j} is learned (plus
-train.ce_weight of hard-label CE), one `LinearDistill` pass per step. Metrics use the
+Loss = (1/k) sum_j mean D_j, D = train.loss's divergence (drafts/divergence.py), over the slots
+of step j whose label x_{a+1+j} is learned (plus train.ce_weight of hard-label CE), one
+`LinearDistill` pass per step. Metrics use the
 EAGLE-3/draft-lm keys (acceptance.aggregate sums them): a chain of k drafts from anchor a
 is slot 0..k-1 of that anchor, and step j counts in cond_acc_j only where steps < j were correct.
 """
@@ -77,7 +78,8 @@ class PardLM(DraftLM):
             loss_sum, kl_sum, ce_sum, hits = losses.LinearDistill.apply(
                 self.slot_rows(hidden, p, j)[scored], head,  # [N, Hd]
                 batch["last"][rows, state_at][scored], ids[rows, label_at][scored],  # [N, H], [N]
-                self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.chunk, dtype)
+                self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.divergence,
+                self.chunk, dtype)
             n = int(scored.sum())
             loss = loss + loss_sum / max(1, n) / self.k
             correct = torch.zeros_like(scored)

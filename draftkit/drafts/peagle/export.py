@@ -16,12 +16,15 @@ from pathlib import Path
 
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts import kind as kinds
 from draftkit.drafts.eagle_family import export as family_export
 from draftkit.drafts.eagle_family import format as eagle3_fmt
 from draftkit.drafts.eagle_family.export import _target_ref, check_against_run, portable
 from draftkit.drafts.eagle_family.model import CONFIG_FILE, WEIGHTS_FILE
-from draftkit.drafts.export_files import serving_snippets
+from draftkit.drafts.export_files import (
+    run_speculative_config,
+    serving_snippets,
+    write_serving_files,
+)
 from draftkit.drafts.peagle import format as fmt
 
 
@@ -51,25 +54,17 @@ def export_run(run) -> Path:
         t0)
 
 
-def run_speculative_config(k: int, cfg, model: str = ".") -> dict:
-    """vLLM's speculative_config of a P-EAGLE head (the kind's: eagle3 with parallel_drafting)."""
-    return kinds.of(cfg).speculative_config(model, k, cfg.draft.draft_sample_method)
-
-
 def write_files(tmp: Path, out: Path, spec, tensors: dict, mask_token_id: int, cfg) -> None:
     from safetensors.torch import save
 
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     artifacts.write_bytes_atomic(tmp / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     artifacts.write_json_atomic(tmp / CONFIG_FILE, fmt.to_config(spec, mask_token_id))
-    artifacts.write_json_atomic(tmp / "speculative_config.json",
-                                run_speculative_config(spec.num_speculative_tokens, cfg))
-    artifacts.write_text_atomic(tmp / "README.md", readme(out.name, spec, mask_token_id, cfg))
+    write_serving_files(tmp, cfg, readme(out.name, spec, mask_token_id, cfg))
 
 
 def readme(name: str, spec, mask_token_id: int, cfg) -> str:
-    sc = json.dumps(run_speculative_config(spec.num_speculative_tokens, cfg,
-                                           model=f"/path/to/{name}"))
+    sc = json.dumps(run_speculative_config(cfg, model=f"/path/to/{name}"))
     target = _target_ref(spec)
     return f"""# P-EAGLE draft for {cfg.target.name}
 

@@ -1,6 +1,7 @@
 """Which speculative method and k to serve, picked from eval's vLLM measurements, per batch size;
-kept in <run>/eval/choice.json, where `draftkit export` finds it again (export/serving_file.py
-puts it in the export as serving.json and in its README's serving snippets).
+eval's decision, kept in <run>/eval/choice.json, where `draftkit export` finds it (its
+export/serving_file.py copies it into the export it writes: serving.json, in the format of
+serving/speculative.py, and the README's serving snippets).
 
 The rule (`choose`, pure), at each measured batch size b, over every (method, k) measured there at
 every temperature no speculation was measured at:
@@ -112,12 +113,6 @@ def simplicity(key: tuple[str, int | None]) -> tuple[int, int]:
     method, k = key
     rank = FREE_ORDER.index(method) if method in FREE_ORDER else len(FREE_ORDER)
     return rank, k or 0
-
-
-def range_for(picked: list[dict], batch: int) -> dict | None:
-    """The range of `picked` (a choice's or serving.json's "ranges") that holds `batch`."""
-    return next((r for r in picked if r["batch_from"] <= batch
-                 and (r["batch_to"] is None or batch <= r["batch_to"])), None)
 
 
 def ranges(sizes: list[int]) -> list[tuple[int, int | None]]:
