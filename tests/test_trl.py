@@ -251,3 +251,22 @@ def test_a_refresh_given_the_taps_runs_no_policy_pass_over_their_rows(tapped):
     taps = lineage["capture"]["taps"]
     assert (taps["rows"], taps["computed_rows"], taps["forwards"]) == (len(train), 0, 0)
     assert lineage["loss"]["first"] == pytest.approx(own[0]["loss"]["first"], rel=1e-4)
+
+
+def test_trl_serve_command_is_trls_with_draftkits_flags(tmp_path):
+    """integrations/trl_serve.py: TRL's own `vllm serve` command line (NCCL weight transfer,
+    logprobs settings, the user's TRL arguments) through vLLM's server module, plus the draft
+    and draftkit's swap flags; the server end to end: tests/test_trl_serve_vllm.py."""
+    from draftkit.integrations import trl_serve
+
+    _, export = _export_with_serving(tmp_path)
+    argv = trl_serve.command(str(export), ["--model", "/m", "--port", "8001",
+                                           "--data_parallel_size", "2"], k=2)
+    assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+    assert argv[argv.index("--port") + 1] == "8001"
+    assert argv[argv.index("--data-parallel-size") + 1] == "2"
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "eagle3", "model": str(export), "num_speculative_tokens": 2}
+    assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
+    assert argv[argv.index("--worker-extension-cls") + 1].endswith("DrafterSwap")
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"

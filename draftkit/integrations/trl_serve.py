@@ -25,7 +25,7 @@ import json
 import os
 import sys
 
-from draftkit.serving import serve
+from draftkit.serving import serve, speculative
 from draftkit.serving.drafter_swap import EXTENSION
 from draftkit.serving.rollout_client import secret
 
@@ -41,7 +41,7 @@ def command(draft_dir: str, trl_args: list[str], k: int | None = None) -> list[s
     script_args, extra = make_parser().parse_args_and_config(
         list(trl_args), return_remaining_strings=True)
     argv = build_command(script_args, [
-        *extra, "--speculative-config", json.dumps(serve.speculative_config(draft_dir, k)),
+        *extra, "--speculative-config", json.dumps(speculative.served(draft_dir, k=k).config),
         "--worker-extension-cls", EXTENSION, "--per-request-spec-decode-metrics", "summary"])
     i = argv.index(TRL_ENTRY[0])
     if argv[i:i + 2] != TRL_ENTRY:
