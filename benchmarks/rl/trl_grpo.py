@@ -174,6 +174,8 @@ def summary(res: dict) -> dict:
             "train_s": res.get("train_s"),
             "tokens_per_target_step": tok / max(1, tok - acc), "mean_step_time": mean_step,
             "refreshes": len(refreshes), "mean_refresh_s": refresh_s,
+            # versions published elsewhere (draftkit watch) that the trainer swapped in
+            "follows": sum(e["event"] == "follow" for e in res["events"]),
             "mean_capture_s": capture_s,
             "refresh_share_of_step": refresh_s / mean_step if refreshes and mean_step else None,
             # rows the refreshes read from the taps / computed (None: no taps, all computed)
@@ -235,8 +237,9 @@ def overhead(sums: list[dict]) -> list[dict]:
     frozen = next((s for s in sums if s["variant"] == "frozen"), None)
     for s in sums:
         s["extra_steps_per_refresh"] = None
-        if frozen and s["refreshes"] and frozen["mean_step_time"] and s.get("train_s"):
-            s["extra_steps_per_refresh"] = ((s["train_s"] - frozen["train_s"]) / s["refreshes"]
+        n = s["refreshes"] or s.get("follows", 0)  # a watch's refreshes: the trainer's follows
+        if frozen and n and frozen["mean_step_time"] and s.get("train_s"):
+            s["extra_steps_per_refresh"] = ((s["train_s"] - frozen["train_s"]) / n
                                             / frozen["mean_step_time"])
     return sums
 
@@ -276,13 +279,15 @@ def markdown(result: dict) -> str:
                          f"{r['mean_capture_s']:.3f} | {_f(r['refresh_share_of_step'], '.2f')} | "
                          f"{_f(r['rows_from_taps'], 'd')} / {_f(r['rows_computed'], 'd')} | "
                          f"{_f(r['taps_copy_s_per_step'], '.4f')} |")
-    over = [r for r in refreshed if r.get("extra_steps_per_refresh") is not None]
+    over = [r for r in sums if r.get("extra_steps_per_refresh") is not None]
     if over:
         lines += ["", "The trainer's extra wall time per refresh (vs frozen, same seed), in "
-                  "GRPO steps; `refresh` waits at the step end, `refresh-bg` runs in a thread:",
+                  "GRPO steps; `refresh` waits at the step end, `refresh-bg` runs in a thread, "
+                  "`refresh-watch` counts the versions the trainer followed:",
                   "", "| variant | refreshes | train s | extra GRPO steps per refresh |",
                   "|---|---|---|---|"]
-        lines += [f"| {r['variant']} | {r['refreshes']} | {r['train_s']:.1f} | "
+        lines += [f"| {r['variant']} | {r['refreshes'] or r.get('follows', 0)} | "
+                  f"{r['train_s']:.1f} | "
                   f"{r['extra_steps_per_refresh']:.2f} |" for r in over]
     return "\n".join([*lines, ""])
 
