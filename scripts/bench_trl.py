@@ -10,7 +10,8 @@ Writes results/bench_trl.{json,md}.
     # 2 trainer processes (accelerate launch, gloo), each with its engine; the refresh's cost
     # to the trainer: synchronous, background thread, `draftkit watch` + follow
     python scripts/bench_trl.py --out results/trl2 run=runs/demo21 steps=20 every=5 \
-        processes=2 variants=[none,ngram,suffix,frozen,refresh,refresh-bg,refresh-watch]
+        processes=2 \
+        variants=[none,ngram,suffix,frozen,refresh,refresh-bg,refresh-watch,auto]
     # smoke (a tiny-llama run with an export): 2 steps, 2 x 2 completions, 16 tokens
     python scripts/bench_trl.py --out /tmp/bench-trl run=runs/tiny steps=2 prompts=2 \
         generations=2 max_tokens=16 every=1 variants=[none,frozen,refresh,refresh-own]

@@ -10,6 +10,9 @@ Variants, on the same math problems (draftkit.prepare.mathgen, eval split), seed
                           (taps_from_trainer=False): what the taps save
     refresh-bg            the refreshes of `refresh` in a background thread of rank 0
                           (DraftkitConfig(refresh_in="background")): training goes on meanwhile
+    auto                  DraftkitConfig(method="auto"): what the export's serving.json picks for
+                          TRL's generation batch and T (the draft, refreshed like `refresh`, or
+                          a free method / none)
     refresh-watch         `draftkit watch` in another process refreshes from the rollouts the
                           trainer writes and TRL's checkpoints (saved every `every` steps); the
                           trainer follows what it publishes (refresh_in="watch")
@@ -45,8 +48,8 @@ from draftkit.core.errors import DraftkitError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo root: `-m benchmarks...` children
 VARIANTS = ("none", "ngram", "suffix", "frozen", "refresh", "refresh-own", "refresh-bg",
-            "refresh-watch")
-REFRESHED = ("refresh", "refresh-own", "refresh-bg", "refresh-watch")
+            "refresh-watch", "auto")
+REFRESHED = ("refresh", "refresh-own", "refresh-bg", "refresh-watch", "auto")
 IN = {"refresh-bg": "background", "refresh-watch": "watch"}  # refresh_in; else "sync"
 
 
@@ -119,12 +122,13 @@ def one(cfg: BenchConfig, variant: str, out: Path) -> dict:
                 for c, a in zip(completions, answer, strict=True)]
 
     method = "draft" if variant in ("frozen", *REFRESHED) else variant
+    method = "auto" if variant == "auto" else method
     refreshed = variant in REFRESHED
-    dk = DraftkitConfig(run=str(run) if method == "draft" else None, method=method, k=cfg.k,
+    dk = DraftkitConfig(run=str(run) if method in ("draft", "auto") else None, method=method, k=cfg.k,
                         every=cfg.every if refreshed else 0, refresh=refreshed,
                         overrides=cfg.refresh_overrides,
                         refresh_in=IN.get(variant, "sync"),
-                        taps_from_trainer=variant in ("refresh", "refresh-bg"))
+                        taps_from_trainer=variant in ("refresh", "refresh-bg", "auto"))
     args = GRPOConfig(output_dir=str(out / "bench_trl_runs" / "trainer" / variant),
                       use_vllm=True, vllm_mode="colocate", use_cpu=True, bf16=False,
                       seed=cfg.seed, per_device_train_batch_size=cfg.prompts * cfg.generations,
