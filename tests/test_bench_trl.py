@@ -44,3 +44,23 @@ def test_summary_and_report(tmp_path):
     trl_grpo.plot(result, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     json.dumps(result)  # what write_report stores
+
+
+def test_the_refresh_overhead_is_counted_in_frozen_grpo_steps():
+    """(variant's train wall time - frozen's) / refreshes / frozen's mean step time."""
+    sums = [{"variant": "frozen", "refreshes": 0, "mean_step_time": 10.0, "train_s": 100.0},
+            {"variant": "refresh", "refreshes": 2, "mean_step_time": 12.0, "train_s": 140.0,
+             "rollout_tokens_per_s": 1.0, "tokens_per_target_step": 1.0, "swaps_ok": 2,
+             "mean_refresh_s": 20.0, "mean_capture_s": 1.0, "refresh_share_of_step": 2.0,
+             "rows_from_taps": None, "rows_computed": None, "taps_copy_s_per_step": None},
+            {"variant": "refresh-bg", "refreshes": 2, "mean_step_time": 11.0, "train_s": 105.0,
+             "rollout_tokens_per_s": 1.0, "tokens_per_target_step": 1.0, "swaps_ok": 2,
+             "mean_refresh_s": 20.0, "mean_capture_s": 1.0, "refresh_share_of_step": 2.0,
+             "rows_from_taps": None, "rows_computed": None, "taps_copy_s_per_step": None}]
+    out = {s["variant"]: s["extra_steps_per_refresh"] for s in trl_grpo.overhead(sums)}
+    assert out == {"frozen": None, "refresh": 2.0, "refresh-bg": 0.25}
+    sums[0]["rollout_tokens_per_s"], sums[0]["tokens_per_target_step"] = 1.0, 1.0
+    sums[0]["swaps_ok"] = 0
+    md = trl_grpo.markdown({"config": {**RESULT["config"], "processes": 2}, "summary": sums})
+    assert "2 trainer process(es)" in md
+    assert "| refresh | 2 | 140.0 | 2.00 |" in md and "| refresh-bg | 2 | 105.0 | 0.25 |" in md

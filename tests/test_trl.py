@@ -32,46 +32,58 @@ def test_import_refuses_another_trl_version_and_names_the_fix(tmp_path):
     assert "pip install 'draftkit[trl]'" in out.stderr
 
 
-def test_config_and_the_engine_speculative_config(tmp_path):
-    from draftkit.integrations.trl import DraftkitConfig, draft_speculative_config
+def _export_with_serving(tmp_path):
+    """A run dir whose export serves eagle3 k=3 and whose serving.json picked the draft (k 2) at
+    batch 1-7 and no speculation from batch 8, measured at T 0 and 1."""
+    export = tmp_path / "run" / "export"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    own = {"method": "eagle3", "model": ".", "num_speculative_tokens": 3}
+    (export / "speculative_config.json").write_text(json.dumps(own))
+    t = {"0.0": {"speedup": 1.1}, "1.0": {"speedup": 1.05}}
+    (export / "serving.json").write_text(json.dumps({
+        "schedule": None, "measured": {"temperatures": [0.0, 1.0]}, "ranges": [
+            {"batch_from": 1, "batch_to": 7, "method": "eagle3", "k": 2, "by_temperature": t,
+             "speculative_config": {**own, "num_speculative_tokens": 2}},
+            {"batch_from": 8, "batch_to": None, "method": "none", "k": None,
+             "by_temperature": t, "speculative_config": None}]}))
+    return tmp_path / "run", export
+
+
+def test_the_config_refuses_what_it_cannot_serve():
+    from draftkit.integrations.trl import DraftkitConfig
 
     with pytest.raises(DraftkitError, match="needs run="):
         DraftkitConfig()
+    with pytest.raises(DraftkitError, match="needs run="):
+        DraftkitConfig(method="auto")
     with pytest.raises(DraftkitError, match="one of"):
         DraftkitConfig(method="medusa")
-    export = tmp_path / "export"
-    export.mkdir()
-    own = {"method": "eagle3", "model": ".", "num_speculative_tokens": 3}
-    (export / "speculative_config.json").write_text(json.dumps(own))
-    assert draft_speculative_config(export) == {**own, "model": str(export.resolve())}
-    assert draft_speculative_config(export, k=2)["num_speculative_tokens"] == 2
-    sched = {**own, "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, None, 1]]}
-    (export / "serving.json").write_text(json.dumps({"schedule": {"speculative_config": sched}}))
-    assert draft_speculative_config(export) == {**sched, "model": str(export.resolve())}
-    fixed = draft_speculative_config(export, k=1)  # an explicit k replaces the schedule
-    assert "num_speculative_tokens_per_batch_size" not in fixed
-    assert fixed["num_speculative_tokens"] == 1
-    other = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
-    (export / "serving.json").write_text(json.dumps({"schedule": other}))
-    assert draft_speculative_config(export)["method"] == "eagle3"  # a schedule of another method
 
 
-def test_serving_advice_names_the_pick_at_trls_generation_batch(tmp_path):
-    from draftkit.integrations.trl import serving_advice
+def test_auto_serves_serving_jsons_pick_for_the_generation_batch_and_temperature(tmp_path):
+    """method="auto" at batch 4: the draft at the range's k (refreshes go on); at batch 16: no
+    speculation (the draft is not served); method="draft" at batch 16 serves the draft and
+    says what serving.json picked there; an unmeasured T is named."""
+    from draftkit.rl.in_loop import DraftkitConfig, SpeculativeRollouts
 
-    export = tmp_path / "export"
-    export.mkdir()
-    (export / "speculative_config.json").write_text(json.dumps(
-        {"method": "eagle3", "model": ".", "num_speculative_tokens": 3}))
-    assert serving_advice(export, 16) is None  # never measured: nothing to say
-    t = {"0.0": {"speedup": 1.0}, "1.0": {"speedup": 1.0}}
-    (export / "serving.json").write_text(json.dumps({"schedule": None, "ranges": [
-        {"batch_from": 1, "batch_to": 7, "method": "eagle3", "k": 3, "by_temperature": t},
-        {"batch_from": 8, "batch_to": None, "method": "none", "k": None, "by_temperature": t}]}))
-    assert serving_advice(export, 4) is None  # the draft is the pick there
-    advice = serving_advice(export, 16)
-    assert "measured none fastest at batch 8-" in advice and "generation batch 16" in advice
-    assert "DraftkitConfig(method='none')" in advice and "T=1.0: 1.00x" in advice
+    run, export = _export_with_serving(tmp_path)
+    small = SpeculativeRollouts(DraftkitConfig(run=str(run), method="auto"))
+    small.choose(4)
+    assert small.speculative["num_speculative_tokens"] == 2 and small.serves_draft
+    assert small.events[-1]["served"] == "eagle3"
+    big = SpeculativeRollouts(DraftkitConfig(run=str(run), method="auto"))
+    big.choose(16)
+    assert big.speculative is None and not big.serves_draft
+    assert "weight_transfer_config" not in big.engine_kwargs()  # no swappable drafter
+    draft = SpeculativeRollouts(DraftkitConfig(run=str(run)))
+    draft.temperature = 0.7
+    draft.choose(16)
+    assert draft.speculative["method"] == "eagle3" and draft.serves_draft
+    event = draft.events[-1]
+    assert "measured none fastest at batch 8-" in event["advice"]
+    assert "DraftkitConfig(method='auto')" in event["advice"]
+    assert "not T=0.7" in event["note"]
 
 
 # ------------------------------------------------------------------ taps from TRL's loss forward
@@ -239,3 +251,22 @@ def test_a_refresh_given_the_taps_runs_no_policy_pass_over_their_rows(tapped):
     taps = lineage["capture"]["taps"]
     assert (taps["rows"], taps["computed_rows"], taps["forwards"]) == (len(train), 0, 0)
     assert lineage["loss"]["first"] == pytest.approx(own[0]["loss"]["first"], rel=1e-4)
+
+
+def test_trl_serve_command_is_trls_with_draftkits_flags(tmp_path):
+    """integrations/trl_serve.py: TRL's own `vllm serve` command line (NCCL weight transfer,
+    logprobs settings, the user's TRL arguments) through vLLM's server module, plus the draft
+    and draftkit's swap flags; the server end to end: tests/test_trl_serve_vllm.py."""
+    from draftkit.integrations import trl_serve
+
+    _, export = _export_with_serving(tmp_path)
+    argv = trl_serve.command(str(export), ["--model", "/m", "--port", "8001",
+                                           "--data_parallel_size", "2"], k=2)
+    assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+    assert argv[argv.index("--port") + 1] == "8001"
+    assert argv[argv.index("--data-parallel-size") + 1] == "2"
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "eagle3", "model": str(export), "num_speculative_tokens": 2}
+    assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
+    assert argv[argv.index("--worker-extension-cls") + 1].endswith("DrafterSwap")
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"

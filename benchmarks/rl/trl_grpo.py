@@ -8,6 +8,18 @@ Variants, on the same math problems (draftkit.prepare.mathgen, eval split), seed
                           its features read from TRL's own loss forwards (taps_from_trainer)
     refresh-own           the same refreshes, each running its own policy pass over the rollouts
                           (taps_from_trainer=False): what the taps save
+    refresh-bg            the refreshes of `refresh` in a background thread of rank 0
+                          (DraftkitConfig(refresh_in="background")): training goes on meanwhile
+    auto                  DraftkitConfig(method="auto"): what the export's serving.json picks for
+                          TRL's generation batch and T (the draft, refreshed like `refresh`, or
+                          a free method / none)
+    refresh-watch         `draftkit watch` in another process refreshes from the rollouts the
+                          trainer writes and TRL's checkpoints (saved every `every` steps); the
+                          trainer follows what it publishes (refresh_in="watch")
+With `processes=2` every variant runs under `accelerate launch --num_processes 2` (gloo on a
+CPU): one colocated engine per rank, each with `prompts x generations` completions per step.
+The trainer's extra wall time per refresh, in GRPO steps: (the variant's `trainer.train()` wall
+time - frozen's) / its refreshes / frozen's mean step time (same seed, same prompts).
 Per step: rollout tokens/s, step time (TRL's `step_time`: generation, loss and backward), AL and
 tokens per target step. Per refresh: its wall time, its capture's seconds, the rows read from
 taps or computed, and both as a share of the variant's mean GRPO step; per variant the time
@@ -35,8 +47,10 @@ from draftkit.core import artifacts, config
 from draftkit.core.errors import DraftkitError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo root: `-m benchmarks...` children
-VARIANTS = ("none", "ngram", "suffix", "frozen", "refresh", "refresh-own")
-REFRESHED = ("refresh", "refresh-own")
+VARIANTS = ("none", "ngram", "suffix", "frozen", "refresh", "refresh-own", "refresh-bg",
+            "refresh-watch", "auto")
+REFRESHED = ("refresh", "refresh-own", "refresh-bg", "refresh-watch", "auto")
+IN = {"refresh-bg": "background", "refresh-watch": "watch"}  # refresh_in; else "sync"
 
 
 @dataclass
@@ -53,6 +67,7 @@ class BenchConfig:
     refresh_overrides: list[str] = field(default_factory=list)  # run-config key=value
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     seed: int = 0
+    processes: int = 1  # trainer processes (accelerate launch), each with its own engine
 
     def check(self) -> BenchConfig:
         if not self.run:
@@ -99,7 +114,7 @@ def one(cfg: BenchConfig, variant: str, out: Path) -> dict:
     from draftkit.targets.load import run_target_dir
 
     run = Path(cfg.run)
-    prompts, answers = problems(cfg.prompts * cfg.steps)
+    prompts, answers = problems(cfg.prompts * cfg.steps * cfg.processes)
     data = Dataset.from_dict({"prompt": prompts, "answer": answers})
 
     def math_reward(completions, answer, **kwargs):
@@ -107,24 +122,31 @@ def one(cfg: BenchConfig, variant: str, out: Path) -> dict:
                 for c, a in zip(completions, answer, strict=True)]
 
     method = "draft" if variant in ("frozen", *REFRESHED) else variant
+    method = "auto" if variant == "auto" else method
     refreshed = variant in REFRESHED
-    dk = DraftkitConfig(run=str(run) if method == "draft" else None, method=method, k=cfg.k,
+    dk = DraftkitConfig(run=str(run) if method in ("draft", "auto") else None, method=method, k=cfg.k,
                         every=cfg.every if refreshed else 0, refresh=refreshed,
                         overrides=cfg.refresh_overrides,
-                        taps_from_trainer=variant == "refresh")
+                        refresh_in=IN.get(variant, "sync"),
+                        taps_from_trainer=variant in ("refresh", "refresh-bg", "auto"))
     args = GRPOConfig(output_dir=str(out / "bench_trl_runs" / "trainer" / variant),
                       use_vllm=True, vllm_mode="colocate", use_cpu=True, bf16=False,
                       seed=cfg.seed, per_device_train_batch_size=cfg.prompts * cfg.generations,
                       num_generations=cfg.generations, max_completion_length=cfg.max_tokens,
                       max_steps=cfg.steps, learning_rate=cfg.lr, logging_steps=1,
-                      report_to="none", save_strategy="no", disable_tqdm=True,
+                      report_to="none", disable_tqdm=True,
+                      # the watch reads the policy from TRL's checkpoints
+                      save_strategy="steps" if variant == "refresh-watch" else "no",
+                      save_steps=cfg.every, save_only_model=True,
                       vllm_max_model_length=cfg.max_model_len)
     t0 = time.perf_counter()
     trainer = SpeculativeGRPOTrainer(model=str(run_target_dir(config.load(run).target)),
                                      reward_funcs=math_reward, args=args, train_dataset=data,
                                      draftkit=dk)
     start_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
     trainer.train()
+    train_s = time.perf_counter() - t1
     logs = {h["step"]: h for h in trainer.state.log_history if "step_time" in h}
     steps = []
     for g in trainer.draftkit.generations:
@@ -135,7 +157,8 @@ def one(cfg: BenchConfig, variant: str, out: Path) -> dict:
                       "tokens_per_target_step": g["tokens"] / max(1, g["tokens"] - g["accepted"]),
                       "step_time": h.get("step_time"), "reward": h.get("reward")})
     taps = trainer.draftkit.taps
-    return {"variant": variant, "engine_start_s": start_s, "steps": steps,
+    return {"variant": variant, "engine_start_s": start_s, "train_s": train_s, "steps": steps,
+            "rank": trainer.accelerator.process_index, "engines": trainer.draftkit.engines,
             "events": trainer.draftkit.events, "syncs": trainer.draftkit.syncs,
             "taps_copy_s": taps.seconds if taps is not None else None}
 
@@ -152,8 +175,11 @@ def summary(res: dict) -> dict:
     refresh_s = sum(e["refresh_s"] for e in refreshes) / max(1, len(refreshes))
     capture_s = sum(c.get("seconds", 0.0) for c in caps) / max(1, len(caps))
     return {"variant": res["variant"], "rollout_tokens": tok, "rollout_tokens_per_s": tok / sec,
+            "train_s": res.get("train_s"),
             "tokens_per_target_step": tok / max(1, tok - acc), "mean_step_time": mean_step,
             "refreshes": len(refreshes), "mean_refresh_s": refresh_s,
+            # versions published elsewhere (draftkit watch) that the trainer swapped in
+            "follows": sum(e["event"] == "follow" for e in res["events"]),
             "mean_capture_s": capture_s,
             "refresh_share_of_step": refresh_s / mean_step if refreshes and mean_step else None,
             # rows the refreshes read from the taps / computed (None: no taps, all computed)
@@ -170,9 +196,33 @@ def _child(cfg: BenchConfig, variant: str, out: Path) -> dict:
         run = bench_copy(run, out / "bench_trl_runs" / variant)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    subprocess.run([sys.executable, "-m", "benchmarks.rl.trl_grpo", str(out), variant,
-                    json.dumps({**asdict(cfg), "run": str(run)})], check=True, env=env)
+    launch = [sys.executable, "-m"]
+    if cfg.processes > 1:  # `--multi_gpu` spawns the ranks via torchrun; gloo without CUDA
+        env.update(OMP_NUM_THREADS="1")
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                  "--num_processes", str(cfg.processes), "--num_machines", "1",
+                  "--mixed_precision", "no", "--dynamo_backend", "no", "-m"]
+    watch = _watch(cfg, run, out) if variant == "refresh-watch" else None
+    try:
+        subprocess.run([*launch, "benchmarks.rl.trl_grpo", str(out), variant,
+                        json.dumps({**asdict(cfg), "run": str(run)})], check=True, env=env)
+    finally:
+        if watch is not None:
+            watch.terminate()  # SIGTERM: it stops cleanly (rl/watch.py)
+            watch.wait(120)
     return json.loads((out / "bench_trl_runs" / f"{variant}.json").read_text())
+
+
+def _watch(cfg: BenchConfig, run: Path, out: Path) -> subprocess.Popen:
+    """`draftkit watch` beside the trainer: TRL's checkpoints and the rollouts it writes."""
+    ckpts = out / "bench_trl_runs" / "trainer" / "refresh-watch"
+    ckpts.mkdir(parents=True, exist_ok=True)
+    rollouts = run / "drafts" / "rollouts"
+    rollouts.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "draftkit.cli", "watch", str(run),
+                             *cfg.refresh_overrides, "--checkpoints", str(ckpts),
+                             "--rollouts", str(rollouts), "--every", str(cfg.every)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def run(cfg: BenchConfig, out: str | Path) -> dict:
@@ -182,7 +232,20 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
     for v in cfg.variants:
         print(f"bench_trl: {v}", flush=True)
         results.append(_child(cfg, v, out))
-    return {"config": asdict(cfg), "summary": [summary(r) for r in results], "runs": results}
+    return {"config": asdict(cfg), "summary": overhead([summary(r) for r in results]),
+            "runs": results}
+
+
+def overhead(sums: list[dict]) -> list[dict]:
+    """Each refreshed variant's extra trainer wall time per refresh, in frozen's GRPO steps."""
+    frozen = next((s for s in sums if s["variant"] == "frozen"), None)
+    for s in sums:
+        s["extra_steps_per_refresh"] = None
+        n = s["refreshes"] or s.get("follows", 0)  # a watch's refreshes: the trainer's follows
+        if frozen and n and frozen["mean_step_time"] and s.get("train_s"):
+            s["extra_steps_per_refresh"] = ((s["train_s"] - frozen["train_s"]) / n
+                                            / frozen["mean_step_time"])
+    return sums
 
 
 def _f(x, fmt: str) -> str:
@@ -198,7 +261,8 @@ def markdown(result: dict) -> str:
     lines = [f"# TRL GRPO with draftkit ({cpu})", "",
              f"Command: `{cmd}` at code `{(meta.get('git_sha') or '?')[:7]}`. Each variant is one "
              "process (TRL's trainer and its colocated vLLM engine), one after another.",
-             "", f"{cfg['steps']} steps; T=1.0 (TRL's default), generation batch "
+             "", f"{cfg.get('processes', 1)} trainer process(es), each with its own engine; "
+             f"{cfg['steps']} steps; T=1.0 (TRL's default), generation batch "
              f"{cfg['prompts'] * cfg['generations']}, {cfg['max_tokens']} tokens per completion; "
              f"refresh interval {cfg['every']} steps.", "",
              "| variant | rollout tok/s | vs none | tokens per target step | step s | swaps ok |",
@@ -219,13 +283,24 @@ def markdown(result: dict) -> str:
                          f"{r['mean_capture_s']:.3f} | {_f(r['refresh_share_of_step'], '.2f')} | "
                          f"{_f(r['rows_from_taps'], 'd')} / {_f(r['rows_computed'], 'd')} | "
                          f"{_f(r['taps_copy_s_per_step'], '.4f')} |")
+    over = [r for r in sums if r.get("extra_steps_per_refresh") is not None]
+    if over:
+        lines += ["", "The trainer's extra wall time per refresh (vs frozen, same seed), in "
+                  "GRPO steps; `refresh` waits at the step end, `refresh-bg` runs in a thread, "
+                  "`refresh-watch` counts the versions the trainer followed:",
+                  "", "| variant | refreshes | train s | extra GRPO steps per refresh |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['variant']} | {r['refreshes'] or r.get('follows', 0)} | "
+                  f"{r['train_s']:.1f} | "
+                  f"{r['extra_steps_per_refresh']:.2f} |" for r in over]
     return "\n".join([*lines, ""])
 
 
 if __name__ == "__main__":  # one variant, in the process its trainer and engine live in
     _out, _variant = Path(sys.argv[1]), sys.argv[2]
     _res = one(config.merge(BenchConfig(), json.loads(sys.argv[3])), _variant, _out)
-    artifacts.write_json_atomic(_out / "bench_trl_runs" / f"{_variant}.json", _res)
+    if _res["rank"] == 0:  # rank 0's engine and events (every rank's versions: "engines")
+        artifacts.write_json_atomic(_out / "bench_trl_runs" / f"{_variant}.json", _res)
 
 
 def plot(result: dict, path: Path) -> None:

@@ -105,19 +105,35 @@ class DraftRefresher:
         """Refresh from the pending rollouts with the policy in memory; publish if better.
         `taps` (rl/capture.Taps): the policy's features on rows a trainer's forward already
         computed, read instead of recomputed."""
+        files, step = list(self.pending), self.policy_step
+        result = self.job(policy_model, tokenizer, files, step, should_stop, taps)
+        self.settle(result, files, step)
+        return result
+
+    def job(self, policy_model, tokenizer, files: list[Path], step: int | None,
+            should_stop=lambda: False, taps=None) -> dict:
+        """The refresh itself, on `files` with the policy of `step`; changes no state of this
+        refresher but its tokenizer, so it may run in a worker thread while `observe` goes on
+        (`settle` then books the result, in the caller's thread)."""
         if tokenizer is None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(target_dir(self.cfg.target.name))
         self.tokenizer = tokenizer
-        policy = from_model(policy_model, tokenizer, step=self.policy_step)
-        result = refresh_mod.refresh(self.run, policy, self.pending, self.overrides,
-                                     should_stop=should_stop, taps=taps)
-        if result["status"] != "undecided":  # too few held-out rows: keep them, decide later
-            self.pending, self.last_refresh_step = [], self.policy_step
+        policy = from_model(policy_model, tokenizer, step=step)
+        return refresh_mod.refresh(self.run, policy, files, self.overrides,
+                                   should_stop=should_stop, taps=taps)
+
+    def settle(self, result: dict, files: list[Path], step: int | None) -> None:
+        """Book a refresh `job` ran on `files` at `step`: decided rows leave `pending` (an
+        undecided refresh, too few held-out rows, keeps them), the interval restarts, and a
+        published version's estimated AL becomes the reference for `al_drop`."""
+        if result["status"] != "undecided":
+            used = set(files)
+            self.pending = [p for p in self.pending if p not in used]
+            self.last_refresh_step = step
         if result["status"] == "published":
             self.al_ref, self._fresh = _lineage_al(result["lineage"]), True
-        return result
 
     def probes(self, version: str | None = None) -> list[list[int]]:
         """`refresh.probe_prompts` distinct prompts (token ids) for the swap check: from the
@@ -166,7 +182,22 @@ class DraftRefresher:
         (probes: `probes()` when None), rollback and DraftSwapError on failure; a version
         that failed is marked failed and `current` goes back. The engine needs
         `engine_kwargs()`."""
-        rc, version = self.cfg.refresh, self.store.current()  # read once: what is tried
+        version = self.store.current()  # read once: what is tried
+        try:
+            report = self.check_swap(llm, version, probes)
+        except drafter_swap.DraftSwapError as e:
+            self.record_failure(version, e)
+            raise
+        self.store.log("swapped", version=version, al=report["al"], swap_s=report["swap_s"],
+                       previous=report["previous"])
+        return report
+
+    def check_swap(self, llm, version: str | None, probes: list[list[int]] | None = None
+                   ) -> dict:
+        """`version` (None: the run's export) into `llm`'s drafter, checked and rolled back on
+        failure (DraftSwapError), as `swap_into`, but nothing is written to the store: a
+        caller swapping into several engines (rl/engines.py) decides what the store says."""
+        rc = self.cfg.refresh
         directory = self.store.root / version if version else self.store.current_dir()
         drafter_swap.require_measurable(llm)  # an engine the probe cannot read: not the draft's
         if version is not None and (failed := self.store.failure(version)) is not None:
@@ -178,20 +209,16 @@ class DraftRefresher:
                 probes = self.probes(version)
             except DraftkitError as e:  # an RL loop that catches DraftSwapError goes on
                 raise drafter_swap.DraftSwapError(f"{e}; nothing was loaded") from e
-        dirs = [self.store.root / v for v in reversed(self.store.versions())]
-        export = artifacts.RunPaths(self.run).export
-        try:
-            report = drafter_swap.swap_into(llm, directory, self.kind, probes,
-                                            rc.min_probe_al, rc.probe_max_tokens,
-                                            candidates=[*dirs, export])
-        except drafter_swap.DraftSwapError as e:
-            self._failed(version, e)
-            raise
-        self.store.log("swapped", version=version, al=report["al"], swap_s=report["swap_s"],
-                       previous=report["previous"])
-        return report
+        return drafter_swap.swap_into(llm, directory, self.kind, probes, rc.min_probe_al,
+                                      rc.probe_max_tokens, candidates=self.candidates())
 
-    def _failed(self, version: str | None, e) -> None:
+    def candidates(self) -> list[Path]:
+        """Dirs an engine's drafter may have come from: every version, newest first, then the
+        run's export (drafter_swap.begin finds the one that holds the engine's weights)."""
+        dirs = [self.store.root / v for v in reversed(self.store.versions())]
+        return [*dirs, artifacts.RunPaths(self.run).export]
+
+    def record_failure(self, version: str | None, e) -> None:
         """Log a failed swap; a version whose check measured it bad (verdict "failed": probe
         AL at or below the minimum, or tensor hashes that differ) is marked failed and
         `current` goes back to what the engine still holds. A check that raised ("error")

