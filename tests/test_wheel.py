@@ -24,9 +24,9 @@ from draftkit.core.config import DataConfig
 from draftkit.core.resources import recipes_dir
 from draftkit.prepare import recipes, sources
 
-recipe = recipes.load_recipe("chat")  # offline samples: jsonl files beside the recipe
+recipe = recipes.load_recipe("chat")  # local samples: jsonl files beside the recipe
 with tempfile.TemporaryDirectory() as tmp:
-    mix = sources.load_mix(recipe, DataConfig(source="offline", eval_samples=2), tmp)
+    mix = sources.load_mix(recipe, DataConfig(source="local", eval_samples=2), tmp)
 print(json.dumps({"package": draftkit.__file__, "recipes": str(recipes_dir()),
                   "recipe": str(recipe.path), "train": len(mix.train), "eval": len(mix.eval)}))
 """
