@@ -160,6 +160,27 @@ def test_eval_links_diagnose_where_acceptance_is_below_the_threshold(tmp_path):
     assert diagnose_link(rep(1.42), config.load(run, ["eval.diagnose_below=0"]), run) is None
 
 
+def test_the_eval_markdown_report_shows_the_diagnose_link(tmp_path):
+    """The link eval prints and stores in its JSON is in its Markdown report too (the report a
+    reader opens), and only where eval made one."""
+    from draftkit.eval import report
+    from draftkit.eval.stage import diagnose_link
+
+    run = make_run(tmp_path, overrides=OVERRIDES)
+    rep = {"run": "r", "target": {"name": "tiny-llama"}, "created": "now",
+           "draft": {"kind": "eagle3", "dir": "runs/r/export"},
+           "settings": {"prompts": 4, "mean_prompt_tokens": 30.0, "max_new_tokens": 16,
+                        "dtype": "float32", "seed": 0},
+           "reference": {"rows": [{"k": 3, "temperature": 1.0, "batch_size": 1, "prompts": 4,
+                                   "acceptance_length": 1.1, "per_position": [0.1, 0.0, 0.0],
+                                   "output_tokens": 64}]}}
+    rep["diagnose"] = diagnose_link(rep, config.load(run), run)
+    md = report.markdown(rep)
+    assert f"`draftkit diagnose {run}`" in md and "AL 1.10 at T=1, batch 1" in md
+    rep["diagnose"] = None
+    assert "draftkit diagnose" not in report.markdown(rep)
+
+
 def test_a_stale_engine_config_is_the_first_cause(runs, tmp_path):
     """The export's speculative_config.json drafting another k than the run's: a settings
     mismatch, ranked above every measured cause."""

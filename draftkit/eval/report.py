@@ -91,6 +91,11 @@ def markdown(rep: dict) -> str:
                          f"{_f(r['acceptance_length'])} | {_pos(r['per_position'])} | "
                          f"{r['output_tokens']} |")
         lines.append("")
+    if rep.get("diagnose"):  # eval/stage.py's diagnose_link: the draft's AL below the threshold
+        d = rep["diagnose"]
+        lines += ["## Why is acceptance low?", "", f"{d['why']}: `{d['command']}` ranks the "
+                  "causes (settings, vocabulary, temperature, token class, chat template, drift, "
+                  "depth), each with its fix.", ""]
     return "\n".join(lines)
 
 
