@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_docs import PAGES, RESULT_FILE, ROOT, blocks
+from test_docs import RESULT_FILE, ROOT, blocks, cited_blocks, each_page
 
 # --- every commit and CPU kind cited beside a results/ file is the file's ------------------
 
@@ -63,11 +63,8 @@ def commit_problems(page: Path, text: str, root: Path = ROOT) -> list[str]:
     """Every commit (7-40 hex digits, at least one letter and one digit) in a block that names
     results/ files (a table: its caption's) must be one a named file records, unless the page
     says it is history: "added in X", "git show X", or "X (git history...)" right after it."""
-    problems, caption = [], []
-    for kind, content in blocks(text):
-        named = cited_results(content, root)
-        files = named if named or kind != "table" else caption
-        caption = named if kind == "text" else []
+    problems = []
+    for _, content, files in cited_blocks(text, lambda c: cited_results(c, root)):
         if not files:
             continue
         shas = [s for f in files for s in recorded(f, "commit")]
@@ -114,11 +111,8 @@ def matches(claims: dict, hw: dict) -> bool:
 def cpu_problems(page: Path, text: str, root: Path = ROOT) -> list[str]:
     """Every CPU a block names beside results/ files must be a machine one of them records
     (files that record none are not checked)."""
-    problems, caption = [], []
-    for kind, content in blocks(text):
-        named = cited_results(content, root)
-        files = named if named or kind != "table" else caption
-        caption = named if kind == "text" else []
+    problems = []
+    for _, content, files in cited_blocks(text, lambda c: cited_results(c, root)):
         machines = [h for f in files for h in recorded(f, "hardware")]
         for m in CPU_KIND.finditer(re.sub(r"\s+", " ", content.replace("*", "")) if machines else ""):
             if not any(matches(cpu_claims(m.group(0)), h) for h in machines):
@@ -128,12 +122,12 @@ def cpu_problems(page: Path, text: str, root: Path = ROOT) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+@each_page
 def test_every_commit_cited_beside_a_result_is_the_one_it_records(page):
     assert commit_problems(page, page.read_text()) == []
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+@each_page
 def test_every_cpu_named_beside_a_result_is_the_one_it_records(page):
     assert cpu_problems(page, page.read_text()) == []
 

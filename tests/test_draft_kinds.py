@@ -69,8 +69,12 @@ class BigramKind:
 
 @pytest.fixture
 def toy_kind(monkeypatch):
-    monkeypatch.setattr(kinds, "_KINDS", dict(kinds._KINDS))  # registered for this test only
-    return kinds.register(BigramKind())
+    """BigramKind, registered (for this test only) by docs/draft-kinds.md's block as written."""
+    from test_docs import example
+
+    monkeypatch.setattr(kinds, "_KINDS", dict(kinds._KINDS))
+    exec(example("docs/draft-kinds.md", "register-a-kind"), {"MyKind": BigramKind})  # noqa: S102
+    return kinds.get(BigramKind.name)
 
 
 def test_a_registered_kind_runs_through_train_and_export(toy_kind, tmp_path, tiny_target):

@@ -15,13 +15,11 @@ Without vLLM: sleep/wake failures, probes without a tokenizer or lineage, rollou
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 
 import pytest
 import torch
-from _runs import DRAFT, make_run, save_best
+from _rl_helpers import publish_copy, rollout_file, trained_export, zeroed
 
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
@@ -41,38 +39,17 @@ def _lineage(rollouts, parent: str) -> dict:
             "al_after": {"T=0": {"al": 2.0}}, "decided_on": "T=0"}
 
 
-def _publish(store: DraftStore, version: str, src, lineage: dict, zero: bool = False) -> None:
-    from safetensors.torch import load_file, save_file
-
-    def write(tmp, final):
-        for f in src.iterdir():
-            if f.is_file() and f.name != "lineage.json":
-                shutil.copy(f, tmp / f.name)
-        if zero:
-            t = load_file(str(tmp / "model.safetensors"))
-            save_file({k: torch.zeros_like(v) if v.is_floating_point() else v
-                       for k, v in t.items()}, str(tmp / "model.safetensors"))
-
-    store.publish(version, write, lineage)
-
-
 @pytest.fixture(scope="module")
 def run_with_versions(tmp_path_factory, trained_draft):
     """A run whose v0001 is the trained head and v0002 its zeroed copy; the lineage names a
     rollout file of the trained-on prompts (what probes() reads). `current` -> v0001."""
-    from draftkit.export.stage import export
-
     tmp = tmp_path_factory.mktemp("swapg")
-    run = make_run(tmp, name="swapg", overrides=[
-        *DRAFT, "train.ttt_steps=3", "tracking.backend=none", f"refresh.probe_max_tokens={GEN}"])
-    save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
-    exported = export(run, ["export.check=false"])
-    rollouts = tmp / "rollouts.jsonl"
-    rollouts.write_text("".join(json.dumps({"prompt_ids": p, "response_ids": [5, 6]}) + "\n"
-                                for p in trained_draft["prompts"]))
+    run, exported = trained_export(tmp, trained_draft, name="swapg", probe_tokens=GEN,
+                                   prompts=False)
+    rollouts = rollout_file(tmp / "rollouts.jsonl", trained_draft["prompts"])
     store = DraftStore(run)
-    _publish(store, "v0001", exported, _lineage(rollouts, "export"))
-    _publish(store, "v0002", exported, _lineage(rollouts, "v0001"), zero=True)
+    publish_copy(store, "v0001", exported, _lineage(rollouts, "export"))
+    publish_copy(store, "v0002", exported, _lineage(rollouts, "v0001"), zeroed)
     store.set_current("v0001")
     return {"run": run, "store": store, "prompts": trained_draft["prompts"]}
 
@@ -231,7 +208,7 @@ def test_probes_exist_without_a_tokenizer_and_never_silently_empty(tmp_path, tin
     f = write_rollouts(tiny_target, tmp_path / "r.jsonl", 3, gen=2)
     f.write_text(f.read_text() * 4)  # GRPO: 4 samples per prompt
     export = artifacts.RunPaths(run).export
-    _publish(store, "v0001", export, _lineage(f, "export"))
+    publish_copy(store, "v0001", export, _lineage(f, "export"))
     store.set_current("v0001")
     r = DraftRefresher(run)  # a fresh process: no tokenizer
     assert r.tokenizer is None and r.probes() == prompts(tiny_target.tokenizer, 3)

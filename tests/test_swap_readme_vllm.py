@@ -9,14 +9,10 @@ engine (the tiny target, k=3) serves the module."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 
 import pytest
-import torch
-from _runs import DRAFT, make_run, save_best
-from safetensors.torch import load_file, save_file
+from _rl_helpers import publish_copy, rollout_file, trained_export, zeroed
 
 from draftkit.core import artifacts
 from draftkit.drafts import kind as kinds
@@ -29,21 +25,9 @@ pytestmark = pytest.mark.vllm
 GEN = 40
 
 
-def _publish(store: DraftStore, version: str, src, rollouts, change=None) -> None:
-    def write(tmp, final):
-        for f in src.iterdir():
-            if f.is_file() and f.name != "lineage.json":
-                shutil.copy(f, tmp / f.name)
-        if change is not None:
-            t = load_file(str(tmp / "model.safetensors"))
-            save_file({k: change(k, v) for k, v in t.items()}, str(tmp / "model.safetensors"))
-    store.publish(version, write, {
-        "parent": None, "decided_on": "T=0", "al_after": {"T=0": {"al": 2.0}},
-        "rollouts": [{"path": str(rollouts), "sha256": artifacts.sha256_file(rollouts)}]})
-
-
-def _zero(k, v):
-    return torch.zeros_like(v) if v.is_floating_point() else v
+def _lineage(rollouts) -> dict:
+    return {"parent": None, "decided_on": "T=0", "al_after": {"T=0": {"al": 2.0}},
+            "rollouts": [{"path": str(rollouts), "sha256": artifacts.sha256_file(rollouts)}]}
 
 
 def _nudge(k, v):  # one norm weight moved by 1e-3: drafts as well, hashes differently
@@ -52,20 +36,13 @@ def _nudge(k, v):  # one norm weight moved by 1e-3: drafts as well, hashes diffe
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, trained_draft, tiny_target):
-    from draftkit.export.stage import export
-
     tmp = tmp_path_factory.mktemp("readme")
-    run = make_run(tmp, name="rl", overrides=[
-        *DRAFT, "train.ttt_steps=3", "tracking.backend=none", f"refresh.probe_max_tokens={GEN}"])
-    save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
-    exported = export(run, ["export.check=false"])
-    rollouts = tmp / "rollouts.jsonl"
-    rollouts.write_text("".join(json.dumps({"prompt_ids": p, "response_ids": [5, 6]}) + "\n"
-                                for p in trained_draft["prompts"]))
+    run, exported = trained_export(tmp, trained_draft, probe_tokens=GEN, prompts=False)
+    rollouts = rollout_file(tmp / "rollouts.jsonl", trained_draft["prompts"])
     store = DraftStore(run)
-    _publish(store, "v0001", exported, rollouts)
-    _publish(store, "v0002", exported, rollouts, _zero)
-    _publish(store, "v0003", exported, rollouts, _nudge)
+    publish_copy(store, "v0001", exported, _lineage(rollouts))
+    publish_copy(store, "v0002", exported, _lineage(rollouts), zeroed)
+    publish_copy(store, "v0003", exported, _lineage(rollouts), _nudge)
     store.set_current("v0001")
     return {"run": run, "store": store, "policy": str(tiny_target.path)}
 

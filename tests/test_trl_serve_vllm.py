@@ -17,7 +17,7 @@ import shutil
 import socket
 
 import pytest
-import torch
+from _rl_helpers import publish_copy, trained_export, zeroed
 
 from draftkit import cli
 from draftkit.core.errors import DraftkitError
@@ -35,40 +35,21 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _publish(store: DraftStore, version: str, src, zero: bool) -> None:
-    from safetensors.torch import load_file, save_file
-
-    def write(tmp, final):
-        for f in src.iterdir():
-            if f.is_file() and f.name != "lineage.json":
-                shutil.copy(f, tmp / f.name)
-        if zero:
-            t = load_file(str(tmp / "model.safetensors"))
-            save_file({k: torch.zeros_like(v) if v.is_floating_point() else v
-                       for k, v in t.items()}, str(tmp / "model.safetensors"))
-
-    store.publish(version, write, {"parent": None, "decided_on": "T=0", "rollouts": [],
-                                   "al_after": {"T=0": {"al": 2.0}}, "policy": {"step": 1}})
-
-
 @pytest.mark.vllm
 def test_trl_vllm_serve_command_line_takes_checked_swaps(tmp_path, trained_draft, tiny_target,
                                                          monkeypatch):
-    from _runs import DRAFT, make_run, random_draft, save_best
+    from _runs import random_draft, save_best
 
     from draftkit.export.stage import export
     from draftkit.integrations import trl_serve
 
-    run = make_run(tmp_path / "runs", prompts=trained_draft["prompts"], name="rl", overrides=[
-        *DRAFT, "train.ttt_steps=3", "tracking.backend=none", "refresh.probe_max_tokens=40"])
-    save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
-    trained = tmp_path / "trained"
-    shutil.copytree(export(run, ["export.check=false"]), trained)
+    run, exported = trained_export(tmp_path / "runs", trained_draft)
+    trained = shutil.copytree(exported, tmp_path / "trained")
     save_best(run, random_draft(run, tiny_target.model), step=1)  # the server starts on a
     exported = export(run, ["export.check=false"])                # random head (AL ~1)
     store = DraftStore(run)
-    _publish(store, "v0001", trained, zero=False)
-    _publish(store, "v0002", trained, zero=True)
+    publish_copy(store, "v0001", trained)
+    publish_copy(store, "v0002", trained, change=zeroed)
     store.set_current("v0001")
     monkeypatch.setenv(SECRET_ENV, SECRET)
     argv = trl_serve.command(str(exported), [

@@ -27,100 +27,38 @@ from __future__ import annotations
 import json
 import os
 import runpy
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+from _rl_helpers import publish_copy, trained_export, zeroed
+from test_docs import example
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+import greedy_check  # noqa: E402
+
 STEPS, GEN = 3, 16
-
-
-def docs_example() -> str:
-    """The python block of docs/integration.md's TRL section."""
-    from test_docs import split_fences
-
-    text = (ROOT / "docs" / "integration.md").read_text()
-    section = text.split("\n## TRL\n", 1)[1].split("\n## ", 1)[0]
-    return next("\n".join(lines) for info, lines in split_fences(section)[1] if info == "python")
-
-
-def _zeroed_copy(store, src: Path, version: str) -> None:
-    """Publish `version`: `src`'s files with every float tensor zeroed (hashes fine, AL 1.0)."""
-    from safetensors.torch import load_file, save_file
-
-    def write(tmp, final):
-        for f in src.iterdir():
-            if f.is_file() and f.name != "lineage.json":
-                shutil.copy(f, tmp / f.name)
-        t = load_file(str(tmp / "model.safetensors"))
-        save_file({k: torch.zeros_like(v) if v.is_floating_point() else v for k, v in t.items()},
-                  str(tmp / "model.safetensors"))
-
-    store.publish(version, write, {"job": "zeroed", "parent": None, "policy": {"step": 1},
-                                   "rollouts": [], "al_after": {"T=0": {"al": 2.0}},
-                                   "decided_on": "T=0"})
-    store.set_current(version)
-
-
-NO_SPEC = """
-import json, sys
-from draftkit.serving import vllm_engine
-
-if __name__ == "__main__":
-    policy, prompts, tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-    spec = vllm_engine.EngineSpec(model=policy, speculative_config=None, dtype="float32",
-                                  max_model_len=512)
-    with vllm_engine.engine(spec) as llm:
-        out = vllm_engine.generate(llm, prompts, vllm_engine.sampling(0.0, tokens))
-    print("NO_SPEC " + json.dumps(out.token_ids))
-"""
+ZEROED = {"job": "zeroed", "parent": None, "policy": {"step": 1}, "rollouts": [],
+          "al_after": {"T=0": {"al": 2.0}}, "decided_on": "T=0"}
 
 
 def greedy_against_no_speculation(trainer, questions: list[str], tmp: Path) -> dict:
-    """The questions at T=0 through the trainer's engine (the final policy synced in, its draft
-    drafting) and through an engine without speculation on the same policy, in a child process
-    (TRL's engine lives in this one): {"spec", "reference", "drafts"}."""
-    from draftkit.serving import policy_sync, vllm_engine
-    from draftkit.serving.counters import SpecCounters
-
-    tok, llm = trainer.processing_class, trainer.vllm_generation.llm
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                           add_generation_prompt=True),
-                   add_special_tokens=False)["input_ids"] for q in questions]
-    policy_sync.sync_policy(llm, model, tmp / "sync")  # the engine has the policy of step 2
-    before = SpecCounters.read(llm)
-    spec = vllm_engine.generate(llm, prompts, vllm_engine.sampling(0.0, GEN)).token_ids
-    drafts = SpecCounters.read(llm).delta(before).drafts
-    model.save_pretrained(tmp / "policy")
-    tok.save_pretrained(tmp / "policy")
-    env = {k: v for k, v in os.environ.items()  # TRL set these for its colocated engine
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    child = subprocess.run([sys.executable, "-c", NO_SPEC, str(tmp / "policy"),
-                            json.dumps(prompts), str(GEN)], capture_output=True, text=True,
-                           env=env, timeout=600)
-    line = next((x for x in child.stdout.splitlines() if x.startswith("NO_SPEC ")), None)
-    assert line, child.stderr[-3000:]
-    return {"spec": spec, "reference": json.loads(line[len("NO_SPEC "):]), "drafts": drafts}
+    """The questions at T=0 through the trainer's engine and through an engine without
+    speculation on the same policy: {"spec", "reference", "drafts"} (tests/scripts/greedy_check)."""
+    prompts = greedy_check.chat_prompts(trainer.processing_class, questions)
+    out = greedy_check.through_trainer(trainer, prompts, GEN, tmp)  # the policy of step 2
+    reference = greedy_check.without_speculation(tmp / "policy", prompts, GEN)
+    assert isinstance(reference, list), reference
+    return {**out, "reference": reference}
 
 
 @pytest.fixture(scope="module")
 def smol_run(tmp_path_factory, trained_draft):
     """`runs/smol` under a temp dir: the trained tiny-llama head exported, small refreshes."""
-    from _runs import DRAFT, make_run, save_best
-
-    from draftkit.export.stage import export
-
     cwd = tmp_path_factory.mktemp("trl")
-    run = make_run(cwd / "runs", prompts=trained_draft["prompts"], name="smol", overrides=[
-        *DRAFT, "train.ttt_steps=3", "tracking.backend=none", "refresh.budget_steps=4",
-        "refresh.lr=1e-5", "refresh.gate=false", f"refresh.probe_max_tokens={GEN * 2}"])
-    save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
-    export(run, ["export.check=false"])
+    run, _ = trained_export(cwd / "runs", trained_draft, name="smol", probe_tokens=GEN * 2,
+                            overrides=("refresh.budget_steps=4", "refresh.lr=1e-5",
+                                       "refresh.gate=false"))
     return cwd, run
 
 
@@ -137,13 +75,14 @@ def test_docs_trl_script_drafts_syncs_refreshes_and_refuses_a_zeroed_draft(smol_
 
     def outside_push_then_step_end(self, step, *args):  # a watch elsewhere publishes at step 1
         if step == 1:
-            _zeroed_copy(store, run / "export", "v0001")
+            publish_copy(store, "v0001", run / "export", ZEROED, zeroed)
+            store.set_current("v0001")
         step_end(self, step, *args)
 
     monkeypatch.setattr(dk_trl.SpeculativeRollouts, "step_end", outside_push_then_step_end)
     monkeypatch.chdir(cwd)
     script = cwd / "grpo_draftkit.py"
-    script.write_text(docs_example())
+    script.write_text(example("docs/integration.md", "trl-grpo"))
     names = runpy.run_path(str(script), run_name="__main__")
     trainer = names["trainer"]
     dk = trainer.draftkit

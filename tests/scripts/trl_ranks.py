@@ -17,27 +17,13 @@ child process. Each rank writes OUT_DIR/rank<r>.json.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import greedy_check  # tests/scripts/, beside this file
+
 GEN = 16
-NO_SPEC = """
-import json, sys
-from draftkit.serving import vllm_engine
-
-if __name__ == "__main__":
-    policy, prompts, tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-    spec = vllm_engine.EngineSpec(model=policy, speculative_config=None, dtype="float32",
-                                  max_model_len=512)
-    with vllm_engine.engine(spec) as llm:
-        out = vllm_engine.generate(llm, prompts, vllm_engine.sampling(0.0, tokens))
-    print("NO_SPEC " + json.dumps(out.token_ids))
-"""
-
-
 def zeroed(src: str, dst: Path) -> Path:
     """`src`'s files with every float tensor zeroed (an engine given this fails the hashes)."""
     import torch
@@ -80,8 +66,7 @@ def main(run: str, out: Path) -> None:
 
     from draftkit.api import load_config
     from draftkit.integrations.trl import DraftkitConfig, SpeculativeGRPOTrainer
-    from draftkit.serving import drafter_swap, policy_sync, vllm_engine
-    from draftkit.serving.counters import SpecCounters
+    from draftkit.serving import drafter_swap
     from draftkit.targets.load import run_target_dir
 
     words = "apples books cookies students dollars hours".split()
@@ -103,32 +88,18 @@ def main(run: str, out: Path) -> None:
     trainer.train()
     loop, rank = trainer.draftkit, trainer.accelerator.process_index
     llm = trainer.vllm_generation.llm
-    tok = trainer.processing_class
-    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                           add_generation_prompt=True),
-                   add_special_tokens=False)["input_ids"] for q in questions[:4]]
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    policy_sync.sync_policy(llm, model, out / f"sync{rank}")
-    before = SpecCounters.read(llm)
-    spec = vllm_engine.generate(llm, prompts, vllm_engine.sampling(0.0, GEN)).token_ids
+    prompts = greedy_check.chat_prompts(trainer.processing_class, questions[:4])
+    greedy = greedy_check.through_trainer(trainer, prompts, GEN, out / f"greedy{rank}")
     result = {"rank": rank, "events": loop.events, "generations": loop.generations,
               "engines": loop.engines, "drafter": drafter_swap.drafter_path(llm),
-              "steps": trainer.state.global_step, "greedy": spec,
-              "greedy_drafts": SpecCounters.read(llm).delta(before).drafts,
+              "steps": trainer.state.global_step, "greedy": greedy["spec"],
+              "greedy_drafts": greedy["drafts"],
               "logp_diff": [h["sampling/sampling_logp_difference/max"]
                             for h in trainer.state.log_history
                             if "sampling/sampling_logp_difference/max" in h]}
     if rank == 0:
-        model.save_pretrained(out / "policy")
-        tok.save_pretrained(out / "policy")
-        env = {k: v for k, v in os.environ.items()  # TRL set these for its colocated engine
-               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")}
-        child = subprocess.run([sys.executable, "-c", NO_SPEC, str(out / "policy"),
-                                json.dumps(prompts), str(GEN)], capture_output=True, text=True,
-                               env=env, timeout=600)
-        line = next((x for x in child.stdout.splitlines() if x.startswith("NO_SPEC ")), None)
-        result["reference"] = json.loads(line[len("NO_SPEC "):]) if line else child.stderr[-3000:]
+        result["reference"] = greedy_check.without_speculation(out / "greedy0" / "policy",
+                                                               prompts, GEN)
     (out / f"rank{rank}.json").write_text(json.dumps(result, default=str))
     trainer.accelerator.wait_for_everyone()
 
