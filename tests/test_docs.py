@@ -5,7 +5,9 @@ placeholder. The README and docs/benchmarks.md stay short (<= 400 lines each), t
 the one benchmarks/headline.py derives from results/bench_goals.json, and every figure a page
 cites from a results/ file is in that file (commits and CPUs: test_docs_results.py). Every module
 a page names exists; the README's first screen shows the CPU and GPU installs and its Python
-example inits offline, apart from `make demo`'s run."""
+example inits offline, apart from `make demo`'s run. Every python block is labelled in its fence:
+`python test=NAME` (a test execs `example(page, NAME)` as written), `python fragment` or
+`python not-run-here=WHY`."""
 
 from __future__ import annotations
 
