@@ -31,12 +31,16 @@ LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory, trained_draft):
-    from _rl_helpers import trained_export
+    from _runs import DRAFT, make_run, save_best
+
+    from draftkit.export.stage import export
 
     tmp = tmp_path_factory.mktemp("trl-ranks")
-    run, _ = trained_export(tmp / "runs", trained_draft, name="smol", probe_tokens=32,
-                            overrides=("refresh.budget_steps=4", "refresh.lr=1e-5",
-                                       "refresh.gate=false"))
+    run = make_run(tmp / "runs", prompts=trained_draft["prompts"], name="smol", overrides=[
+        *DRAFT, "train.ttt_steps=3", "tracking.backend=none", "refresh.budget_steps=4",
+        "refresh.lr=1e-5", "refresh.gate=false", "refresh.probe_max_tokens=32"])
+    save_best(run, trained_draft["model"], trained_draft["metrics"], step=150)
+    export(run, ["export.check=false"])
     env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([*LAUNCH, str(ROOT / "tests" / "scripts" / "trl_ranks.py"), str(run),
