@@ -263,3 +263,25 @@ def test_init_needs_data_or_a_draft(tmp_path):
 
 def test_refuses_another_draft_kind(tmp_path, spec_draft):
     _refused(spec_draft, tmp_path, "--draft dflash: the draft at .* is a eagle3 draft", kind="dflash")
+
+
+def test_cli_takes_the_kind_from_the_draft_and_refuses_an_explicit_mismatch(tmp_path, tdir):
+    """--draft has no default of its own: without it the import takes the draft's kind, a
+    --draft naming another kind (eagle3, the kind a run without --from-draft gets) is refused
+    with both kinds and the fix, and a plain init still gets the default kind."""
+    src = S.save_peagle(tmp_path / "peagle", tdir, mask_token_id=7)
+    runs = tmp_path / "runs"
+    with pytest.raises(DraftkitError) as e:
+        cli.run(["init", "--target", "tiny-llama", "--from-draft", str(src), "--draft", "eagle3",
+                 "--dir", str(runs), "--name", "wrong"])
+    msg = str(e.value)
+    assert "--draft eagle3" in msg and "is a peagle draft" in msg
+    assert "drop --draft, or pass --draft peagle" in msg
+    assert not (runs / "wrong").exists()
+    for name, flags in (("own", []), ("same", ["--draft", "peagle"])):
+        assert cli.run(["init", "--target", "tiny-llama", "--from-draft", str(src), *flags,
+                        "--dir", str(runs), "--name", name]) == 0
+        assert config.load(runs / name).draft.kind == "peagle"
+    assert cli.run(["init", "--target", "tiny-llama", "--data", "math", "--dir", str(runs),
+                    "--name", "plain"]) == 0
+    assert config.load(runs / "plain").draft.kind == config.DEFAULT_KIND == "eagle3"
