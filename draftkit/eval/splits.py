@@ -59,7 +59,7 @@ def own_prompts(run_dir: str | Path, cfg, n: int) -> list[list[int]]:
         msgs = conv.messages
         if system and msgs[0]["role"] != "system":
             msgs = [{"role": "system", "content": system}, *msgs]
-        first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+        first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))
         ids = chat_mask.prompt_ids(tok, msgs, first)
         if len(ids) < d.max_seq_len:  # prepare drops the others (_first_prompt_fits)
             prompts.append(ids)

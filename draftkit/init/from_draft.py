@@ -235,5 +235,6 @@ def describe(run_dir: Path) -> list[str]:
         "next (no prepare, harvest or train needed):",
         f"  draftkit drift {r} --policy CKPT --rollouts ROLLOUTS.jsonl   # how well it fits",
         f"  draftkit export {r}                                          # serve it",
+        f"  draftkit eval {r}                                            # measure it in vLLM",
         f"  draftkit refresh {r} --policy CKPT --rollouts ROLLOUTS.jsonl # fit it to the policy",
         f"  draftkit watch {r} --checkpoints DIR --rollouts DIR          # refresh as RL moves"]
