@@ -59,12 +59,14 @@ def test_vllm_serves_an_imported_speculators_draft(tmp_path, tiny_target, monkey
     assert m["spec"] is not None and m["spec"]["drafts"] > 0  # speculation ran
     assert m["outputs"] == want  # = no speculation, token for token
 
-    first_day(run, tiny_target, tmp_path)
+    first_day(run, tiny_target, tmp_path, monkeypatch)
 
 
-def first_day(run, tiny_target, tmp_path) -> None:
+def first_day(run, tiny_target, tmp_path, monkeypatch) -> None:
     """drift -> export -> eval -> export on the imported run, as the docs write the commands;
-    the run never sees prepare (no data/ split), eval measures the draft losslessly."""
+    the run never sees prepare (no data/ split), eval measures the draft losslessly. Suffix
+    decoding's engine is left out to save its start (test_evaluate_vllm measures it)."""
+    monkeypatch.setattr(vllm_engine, "suffix_unavailable", lambda: "left out by this test")
     policy = save_policy(tiny_target, tmp_path / "policy")
     rollouts = write_rollouts(tiny_target, tmp_path / "rollouts" / "r0.jsonl", 8, gen=16)
     assert cli.run(["drift", str(run), "--policy", str(policy), "--rollouts", str(rollouts)]) == 0
