@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--target", required=True, help="registry name, hub id or local HF dir")
     q.add_argument("--data", default=None, help="data recipe name (data_recipes/*.yaml); "
                    "optional with --from-draft")
-    q.add_argument("--draft", default="eagle3", help="draft kind: eagle3 | draft-lm | peagle | pard | dflash (drafts/)")
+    q.add_argument("--draft", default=None,
+                   help="draft kind: eagle3 | draft-lm | peagle | pard | dflash (drafts/); "
+                        f"default {config.DEFAULT_KIND}, with --from-draft the draft's own kind")
     q.add_argument("--k", type=int, default=None, help="speculative tokens per step")
     q.add_argument("--name", default=None,
                    help="run name, the dir under --dir (default <target>-<data>-<draft>)")

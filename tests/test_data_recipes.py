@@ -23,6 +23,17 @@ def test_all_four_recipes_exist():
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_held_out_alone_is_the_mixs_eval_split(path, tmp_path):
+    """What eval reads in a run never prepared (sources.load_held_out) is what prepare's mix
+    holds out, recipe with an eval source or not (local.yaml: a slice of the mix)."""
+    recipe = recipes.load_recipe(str(path))
+    d = DataConfig(recipe=str(path), source="local", max_samples=30, eval_samples=6)
+    want = sources.load_mix(recipe, d, tmp_path / "mix").eval
+    got = sources.load_held_out(recipe, d, tmp_path / "alone")
+    assert [c.messages for c in got] == [c.messages for c in want] and got
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_recipe_validates_and_offline_sample_loads_through_datasets(path, tmp_path):
     recipe = recipes.load_recipe(str(path))
     assert recipe.name == path.stem and recipe.sources

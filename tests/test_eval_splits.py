@@ -56,3 +56,26 @@ def test_splits_carry_the_system_prompt_prepare_adds(tmp_path, tiny_target):
          {"role": "user", "content": first}], tokenize=True,
         add_generation_prompt=True)["input_ids"])
     assert ids != _prompt(tok, first)
+
+
+def test_a_run_never_prepared_evals_on_the_prompts_prepare_would_give(tmp_path, capsys):
+    """An imported draft's run has no data/ (init --from-draft): its eval prompts are the
+    recipe's held-out prompts templated as prepare templates them, the same ids prepare's eval
+    split holds, with a line saying where they came from; nothing else is written."""
+    from draftkit import api
+
+    over = ["data.source=local", "data.max_samples=12", "data.eval_samples=6",
+            "data.regenerate=false", "data.system_prompt=Think step by step."]
+    run = api.init("tiny-llama", "math", name="prepared", runs_dir=tmp_path, overrides=over)
+    bare = api.init("tiny-llama", "math", name="bare", runs_dir=tmp_path, overrides=over)
+    api.prepare(run)
+    cfg = config.load(run)
+    want = splits.own_prompts(run, cfg, 4)
+    assert len(want) == 4
+    capsys.readouterr()
+    got = splits.own_prompts(bare, config.load(bare), 4)
+    assert got == want
+    assert "was never prepared" in capsys.readouterr().out
+    assert not (bare / "data" / "eval").exists()  # eval did not prepare the run
+    assert splits.build(bare, config.load(bare), 4, (splits.OWN,)) == {splits.OWN: want}
+    assert len(splits.seen_templates(bare, cfg, 3)) == 3  # no training prompt to skip

@@ -1,6 +1,6 @@
 """`draftkit init --from-draft`: drafts saved by the speculators package (0.9, its own classes)
 and a SpecForge-layout head become a run's `drafts/current` (v0000 with its lineage), then
-drift, refresh and export with no prepare, harvest or train; the export loads again with the
+drift, refresh, export and eval with no prepare, harvest or train; the export loads again with the
 speculators package's own loader with equal tensors. A hub id resolves from a fake cache in the
 hub layout (never the network). Each bad input gives one error and leaves no run dir."""
 
@@ -98,6 +98,14 @@ def test_speculators_draft_imports_drifts_refreshes_and_exports(tmp_path, spec_d
     assert res["status"] == "published" and res["version"] == "v0001"
     assert store.lineage("v0001")["parent"] == "v0000" and store.current() == "v0001"
     out = api.export(run)
+    # eval needs no prepare either: the recipe's held-out prompts (torch's reference decoder
+    # here; tests/test_from_draft_vllm.py runs the vLLM eval of the docs' flow)
+    rep = api.evaluate(run, ["eval.engine=reference", "eval.k_values=[3]", "data.source=local",
+                             "eval.temperatures=[0]", "eval.num_prompts=2", "eval.max_new_tokens=8",
+                             "eval.reference_prompts=2"])
+    [row] = rep["reference"]["rows"]
+    assert row["prompts"] == 2 and row["drafts"] > 0
+    assert not (run / "data" / "eval").exists()
     ours = load_file(str(out / "model.safetensors"))
     assert ours.keys() == v0.keys() and not torch.equal(ours["fc.weight"], v0["fc.weight"])
     model = S.load_with_speculators(out, tdir)
@@ -263,3 +271,25 @@ def test_init_needs_data_or_a_draft(tmp_path):
 
 def test_refuses_another_draft_kind(tmp_path, spec_draft):
     _refused(spec_draft, tmp_path, "--draft dflash: the draft at .* is a eagle3 draft", kind="dflash")
+
+
+def test_cli_takes_the_kind_from_the_draft_and_refuses_an_explicit_mismatch(tmp_path, tdir):
+    """--draft has no default of its own: without it the import takes the draft's kind, a
+    --draft naming another kind (eagle3, the kind a run without --from-draft gets) is refused
+    with both kinds and the fix, and a plain init still gets the default kind."""
+    src = S.save_peagle(tmp_path / "peagle", tdir, mask_token_id=7)
+    runs = tmp_path / "runs"
+    with pytest.raises(DraftkitError) as e:
+        cli.run(["init", "--target", "tiny-llama", "--from-draft", str(src), "--draft", "eagle3",
+                 "--dir", str(runs), "--name", "wrong"])
+    msg = str(e.value)
+    assert "--draft eagle3" in msg and "is a peagle draft" in msg
+    assert "drop --draft, or pass --draft peagle" in msg
+    assert not (runs / "wrong").exists()
+    for name, flags in (("own", []), ("same", ["--draft", "peagle"])):
+        assert cli.run(["init", "--target", "tiny-llama", "--from-draft", str(src), *flags,
+                        "--dir", str(runs), "--name", name]) == 0
+        assert config.load(runs / name).draft.kind == "peagle"
+    assert cli.run(["init", "--target", "tiny-llama", "--data", "math", "--dir", str(runs),
+                    "--name", "plain"]) == 0
+    assert config.load(runs / "plain").draft.kind == config.DEFAULT_KIND == "eagle3"

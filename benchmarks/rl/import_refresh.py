@@ -2,11 +2,14 @@
 
 1. speculators trains an EAGLE-3 head for the target on the first half of the demo's prepared
    conversations: the package's `Eagle3DraftModel` (eager attention), its batch alignment
-   (`shift_batch`) and its TTT loss in its `forward` (KL, its eager implementation), driven by a plain AdamW loop here (the
-   package's `Trainer` is built for torchrun and its own hidden-state files; not used). The
-   draft vocab: the top `--draft-vocab` assistant tokens of that half; the taps: vLLM's default
-   [2, N//2, N-3], captured by draftkit's hooks (the same states vLLM's extract_hidden_states
-   writes). Saved with the package's `save_pretrained`.
+   (`shift_batch`) and its TTT loss in its `forward` (KL, its eager implementation), driven by
+   a plain AdamW loop here (the package's `Trainer` is built for torchrun and its own
+   hidden-state files; not used), one conversation per step, until `--cpu-seconds` of process
+   CPU time in its optimizer steps (the target's capture excluded, as train.max_cpu_seconds
+   counts; default: what the demo's own head spent, `<run>/train/meta.json` cpu_s) or
+   `--steps`. The draft vocab: the top `--draft-vocab` assistant tokens of that half; the taps:
+   vLLM's default [2, N//2, N-3], captured by draftkit's hooks (the same states vLLM's
+   extract_hidden_states writes). Saved with the package's `save_pretrained`.
 2. `draftkit init --from-draft` imports it; the other half of the conversations becomes
    rollouts of the policy (= the target: prompt up to the first assistant token, response the
    rest) and `draftkit refresh` fine-tunes the draft on them, measuring tokens per target step
@@ -28,6 +31,21 @@ import torch
 
 from draftkit.core import artifacts, hardware, provenance
 from draftkit.targets.capture import capture
+
+FALLBACK_CPU_S = 600.0  # speculators' budget where the run has no train/meta.json
+
+
+def budget(args) -> tuple[float, str]:
+    """(process CPU-seconds for speculators' optimizer steps, where the figure comes from):
+    --cpu-seconds, else the demo head's own training CPU time (train/meta.json cpu_s)."""
+    if args.cpu_seconds is not None:
+        return args.cpu_seconds, "--cpu-seconds"
+    if args.tiny:
+        return FALLBACK_CPU_S, f"--tiny: {FALLBACK_CPU_S:g} s"
+    meta = Path(args.run) / "train" / "meta.json"
+    if meta.is_file() and artifacts.read_json(meta).get("cpu_s"):
+        return float(artifacts.read_json(meta)["cpu_s"]), f"{meta} cpu_s (the run's own head)"
+    return FALLBACK_CPU_S, f"no cpu_s in {meta}: {FALLBACK_CPU_S:g} s"
 
 
 def conversations(args, target) -> list[tuple[list[int], list[int]]]:
@@ -91,10 +109,15 @@ def train_with_speculators(args, target, rows, out: Path) -> dict:
     model.load_verifier_weights()
     loss = resolve_loss_config("kl_div", "eager")  # the fused one is a Triton (GPU) kernel
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
-    t0, losses, step = time.perf_counter(), [], 0
-    while step < args.steps:
+    cpu_budget, budget_from = budget(args)
+    t0, losses, step, cpu_s = time.perf_counter(), [], 0, 0.0
+
+    def more() -> bool:
+        return (args.steps <= 0 or step < args.steps) and cpu_s < cpu_budget
+
+    while more():
         for ids, mask in rows:
-            if step >= args.steps:
+            if not more():
                 break
             x = torch.tensor([ids])  # [1, T]
             with torch.no_grad():
@@ -104,6 +127,7 @@ def train_with_speculators(args, target, rows, out: Path) -> dict:
                              "loss_mask": torch.tensor(mask).bool(),
                              "lengths": torch.tensor([len(ids)]),
                              "position_ids": torch.arange(len(ids))})
+            c0 = time.process_time()
             _, value, _ = model(hidden_states=b["hidden_states"][None], input_ids=b["input_ids"][None],
                                document_ids=torch.zeros_like(b["input_ids"])[None],
                                loss_mask=b["loss_mask"][None], position_ids=b["position_ids"][None],
@@ -112,10 +136,12 @@ def train_with_speculators(args, target, rows, out: Path) -> dict:
             opt.zero_grad()
             value.backward()
             opt.step()
+            cpu_s += time.process_time() - c0
             losses.append(value.item())
             step += 1
     model.save_pretrained(out)
     return {"steps": step, "rows": len(rows), "seconds": time.perf_counter() - t0,
+            "cpu_s": cpu_s, "cpu_budget_s": cpu_budget, "cpu_budget_from": budget_from,
             "loss_first": losses[0], "loss_last": losses[-1], "aux_layer_ids": aux,
             "draft_vocab": args.draft_vocab, "lr": args.lr}
 
@@ -170,7 +196,8 @@ def markdown(r: dict) -> str:
              f"{r['meta']['git_sha'][:10]}, speculators {r['speculators_version']}, target "
              f"{r['target']} ({r['dtype']}).", "",
              f"speculators trained {t['steps']} steps on {t['rows']} conversations "
-             f"(loss {t['loss_first']:.3f} -> {t['loss_last']:.3f}, {t['seconds']:.0f} s); "
+             f"(loss {t['loss_first']:.3f} -> {t['loss_last']:.3f}, {t['seconds']:.0f} s, "
+             f"{t['cpu_s']:.0f} of {t['cpu_budget_s']:.0f} CPU-s: {t['cpu_budget_from']}); "
              f"draftkit's refresh: {f['status']} ({f['steps']} steps).", "",
              "| held-out tokens per target step | before refresh | after refresh |",
              "|---|---|---|"]
@@ -185,7 +212,31 @@ def cpu(hw) -> str:
     return hw.get("cpu_model") or hw.get("device") if isinstance(hw, dict) else str(hw)
 
 
+def plot(r: dict, path: Path) -> None:
+    """Held-out tokens per target step before and after the refresh, one pair per temperature."""
+    from benchmarks import report
+
+    f = r["refresh"]
+    keys = sorted((f["before"] or {}).keys())
+    plt = report.pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = range(len(keys))
+    for shift, when in ((-0.2, "before"), (0.2, "after")):
+        ax.bar([x + shift for x in xs], [f[when][k]["al"] for k in keys], width=0.4,
+               label=f"{when} refresh")
+    ax.set_xticks(list(xs), keys)
+    ax.set_ylabel("held-out tokens per target step")
+    ax.set_title(f"speculators {r['speculators_version']} head on {r['target']}, "
+                 f"refresh {f['status']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def save(r: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     artifacts.write_json_atomic(out / "bench_import.json", r)
     artifacts.write_text_atomic(out / "bench_import.md", markdown(r))
+    if r["refresh"]["before"]:
+        plot(r, out / "bench_import.png")

@@ -1,6 +1,7 @@
 """`draftkit eval`: acceptance length, per-position acceptance, tokens/s and speedup of the
 exported draft against no speculation and the free methods (vLLM n-gram and suffix decoding),
-on the run's held-out eval prompts.
+on the run's held-out eval prompts (prepare's eval split; in a run never prepared, an imported
+draft's, the recipe's held-out prompts: splits.own_prompts).
 
     draftkit eval runs/demo                                  # vLLM, config's k/T/batch grid
     draftkit eval runs/demo --engine both --k 1,3 --temperature 0 --batch 1
@@ -44,7 +45,6 @@ from tqdm import tqdm
 
 from draftkit.core import config, hardware, provenance
 from draftkit.core.errors import DraftkitError
-from draftkit.core.prepared_data import load_prompts
 from draftkit.drafts import kind as kinds
 from draftkit.eval import choice, report, splits
 from draftkit.eval.compare import FREE, candidates, check_export, compared_drafts
@@ -74,7 +74,7 @@ def evaluate(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     cfg, paths = run.cfg, run.paths
     check_settings(cfg)
     export_dir = check_export(run)
-    prompts = load_prompts(paths.data, cfg.eval.num_prompts)
+    prompts = splits.own_prompts(paths.root, cfg, cfg.eval.num_prompts)
     if cfg.eval.engine in ("vllm", "both"):
         check_batches(cfg, prompts)
     rep = header(cfg, paths.root, export_dir, prompts)

@@ -166,16 +166,17 @@ def check(f: foreign.Foreign, info: registry.TargetInfo, source: Source) -> None
 
 def import_run(resolve, target: str, src: str, data: str | None = None, k: int | None = None,
                name: str | None = None, runs_dir: str | Path = "runs", force: bool = False,
-               overrides: list[str] | None = None, kind: str = "eagle3") -> Path:
+               overrides: list[str] | None = None, kind: str | None = None) -> Path:
     """Check the draft at `src` against `target`, then write the run (module doc); `resolve`
     is init's (init/stage.py: the run config of target, recipe, kind, k, name, overrides).
-    `kind` (init's --draft) other than the default must be the draft's own."""
+    The kind is the draft's own; `kind` (init's --draft), where given, must name it."""
     info = registry.resolve(target)
     source = resolve_source(src)
     found = foreign.read(source.directory)
-    if kind not in ("eagle3", found.kind):
+    if kind is not None and kind != found.kind:
         raise DraftkitError(f"--draft {kind}: the draft at {src} is a {found.kind} draft "
-                            f"({found.format}); drop --draft (an imported draft keeps its kind)")
+                            f"({found.format}), and an imported draft keeps its kind; drop "
+                            f"--draft, or pass --draft {found.kind}")
     foreign.fill_default_aux(found, info)
     check(found, info, source)
     base = name or f"{info.name.split('/')[-1].lower()}-{Path(src.rstrip('/')).name.lower()}"
@@ -234,5 +235,6 @@ def describe(run_dir: Path) -> list[str]:
         "next (no prepare, harvest or train needed):",
         f"  draftkit drift {r} --policy CKPT --rollouts ROLLOUTS.jsonl   # how well it fits",
         f"  draftkit export {r}                                          # serve it",
+        f"  draftkit eval {r}                                            # measure it in vLLM",
         f"  draftkit refresh {r} --policy CKPT --rollouts ROLLOUTS.jsonl # fit it to the policy",
         f"  draftkit watch {r} --checkpoints DIR --rollouts DIR          # refresh as RL moves"]

@@ -76,7 +76,7 @@ def _resolve_kind(cfg: RunConfig, info: TargetInfo) -> None:
     check_layer_ids(cfg.draft.aux_layer_ids, info.num_hidden_layers)
 
 
-def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
+def resolve(target: str, data: str, kind: str = config.DEFAULT_KIND, k: int | None = None,
             name: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """The fully resolved run config for (target, recipe, kind); nothing is written."""
     info = registry.resolve(target)
@@ -101,18 +101,19 @@ def resolve(target: str, data: str, kind: str = "eagle3", k: int | None = None,
     return cfg
 
 
-def init_run(target: str, data: str | None, kind: str = "eagle3", k: int | None = None,
+def init_run(target: str, data: str | None, kind: str | None = None, k: int | None = None,
              name: str | None = None, runs_dir: str | Path = "runs", force: bool = False,
              overrides: list[str] | None = None, from_draft: str | None = None) -> Path:
-    """Write runs/<name>/draftkit.yaml and return the run dir; with `from_draft`, the run of
-    an imported draft (its kind is the draft's; a `kind` other than the default must match)."""
+    """Write runs/<name>/draftkit.yaml and return the run dir. `kind` None: config's default
+    kind; with `from_draft`, the run of an imported draft, whose kind is the draft's (a `kind`
+    given must be that one)."""
     if from_draft:
         return from_draft_run.import_run(resolve, target, from_draft, data, k, name, runs_dir,
                                          force, overrides, kind=kind)
     if not data:
         raise DraftkitError("init needs --data RECIPE (data_recipes/*.yaml), or --from-draft SRC "
                             "to start from a trained draft")
-    cfg = resolve(target, data, kind, k, name, overrides)
+    cfg = resolve(target, data, kind or config.DEFAULT_KIND, k, name, overrides)
     run_dir = Path(runs_dir) / cfg.name
     paths = artifacts.RunPaths(run_dir, harvest_dir=cfg.harvest.dir or None)
     if "mode" not in config.parse_overrides(overrides or []).get("train", {}):

@@ -246,6 +246,16 @@ def _load_eval(recipe: Recipe, d: DataConfig, work_dir: Path, seed: int, n: int,
     return convs
 
 
+def load_held_out(recipe: Recipe, d: DataConfig, work_dir: Path) -> list[Conversation]:
+    """The eval conversations load_mix gives (the recipe's eval source, else the mix's seeded
+    slice), loading the train sources only when the recipe has no eval source."""
+    seed, n = recipe.seed + d.seed, d.eval_samples or recipe.eval_samples
+    if d.source not in SOURCES:
+        raise DraftkitError(f"data.source must be one of {', '.join(SOURCES)}, got {d.source!r}")
+    convs = _load_eval(recipe, d, Path(work_dir), seed, n, {})
+    return convs if convs is not None else load_mix(recipe, d, work_dir).eval
+
+
 def load_mix(recipe: Recipe, d: DataConfig, work_dir: Path) -> Mix:
     """Train and eval conversations for `data.source`, mixed by weight, deterministic by seed.
 
