@@ -229,3 +229,76 @@ def test_on_cuda_flex_attention_gives_the_dense_loss_and_gradients(monkeypatch):
     assert new_loss.item() == pytest.approx(old_loss.item(), rel=1e-4)
     for name in old_g:
         torch.testing.assert_close(new_g[name], old_g[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
+# ------------------------------------------------------------ a refresh from a trainer's taps
+
+
+def _trainer_taps(policy, prompts, completions, layer_ids):
+    """LossTaps around a loss forward over a TRL-layout batch (prompts left-padded,
+    completions right-padded), as TRL's GRPO compute_loss gives it."""
+    from draftkit.rl.taps import LossTaps
+
+    p_len, c_len = max(map(len, prompts)), max(map(len, completions))
+    ids = torch.zeros(len(prompts), p_len + c_len, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        ids[b, p_len - len(p): p_len + len(c)] = torch.tensor(p + c)
+        mask[b, p_len - len(p): p_len + len(c)] = 1
+    inputs = {"prompt_ids": ids[:, :p_len], "prompt_mask": mask[:, :p_len],
+              "completion_ids": ids[:, p_len:], "completion_mask": mask[:, p_len:]}
+    taps = LossTaps(policy, layer_ids)
+
+    def loss_fn(model, batch):
+        return model(input_ids=ids, attention_mask=mask).logits.float().mean()
+
+    with torch.no_grad():
+        taps.wrap(loss_fn)(policy, inputs)
+    return taps.taps
+
+
+def test_a_refresh_from_trainer_taps_trains_the_draft_as_the_old_path(tmp_path, tiny_target,
+                                                                      one_thread):
+    """The refresh fine-tune (rl/finetune.py) on batches read from a trainer's taps
+    (rl/taps.py, rl/capture.TappedKind: TRL's layout, rows of different prompt and completion
+    lengths) moves the draft as the old training path does: the same first and last loss and
+    the same weights after the steps, to fp32 rounding (a mismatch 1000x below each weight's
+    movement), and the frozen target parts untouched: the path of test_trl_vllm.py's refresh,
+    whose failed swap probe was first laid on this path (its cause: confident_policy there)."""
+    from _rl_helpers import AUX, make_run
+    from _rl_helpers import prompts as chat
+
+    from draftkit.drafts import kind as kinds
+    from draftkit.rl import capture, finetune
+    from draftkit.rl.publish import DraftStore
+    from draftkit.rl.rollouts import Rollout
+
+    run, kind, policy = make_run(tmp_path, tiny_target), kinds.get("eagle3"), tiny_target.model
+    prompts = chat(tiny_target.tokenizer, 4)
+    gen = torch.Generator().manual_seed(0)
+    completions = [torch.randint(5, 500, (6 + 3 * i,), generator=gen).tolist() for i in range(4)]
+    taps = capture.TappedKind(kind, _trainer_taps(policy, prompts, completions, AUX))
+    rows = [Rollout(p + c, [0] * len(p) + [1] * len(c), len(p), f"trl:{i}")
+            for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
+    out = {}
+    for name in ("new", "old"):
+        draft = kind.load(DraftStore(run).current_dir(), policy, 3)
+        start = {n: p.detach().clone() for n, p in draft.named_parameters()}
+        if name == "old":
+            draft.forward = lambda batch, d=draft: old_forward(d, batch)
+        batches = finetune.feature_batches(taps, draft, policy, rows, batch_tokens=96)
+        res = finetune.finetune(draft, batches, steps=6, seconds=0, lr=1e-3, seed=0)
+        out[name] = res, {n: p.detach().clone() for n, p in draft.named_parameters()}
+    assert len(batches) > 1 and taps.stats["computed_rows"] == 0  # all rows from the taps
+    (new, new_w), (old, old_w) = out["new"], out["old"]
+    assert new.steps == old.steps == 6 and new.tokens == old.tokens
+    assert new.first_loss == pytest.approx(old.first_loss, rel=1e-5)
+    assert new.last_loss == pytest.approx(old.last_loss, rel=1e-5)
+    assert new.last_loss < new.first_loss  # it trains
+    for n, w in old_w.items():
+        moved = (w - start[n]).abs().max().item()
+        if n in draft.FROZEN_TARGET_PARTS or n in ("verifier_norm", "verifier_lm_head"):
+            assert moved == 0 and torch.equal(new_w[n], w), n
+            continue
+        assert moved > 0, n
+        assert (new_w[n] - w).abs().max().item() <= 1e-3 * moved, n
