@@ -77,7 +77,7 @@ def test_tv_gradient_passes_gradcheck():
 @pytest.mark.parametrize("div", OPTIONS, ids=lambda d: d.name)
 @pytest.mark.parametrize("ce_weight", [0.0, 0.3])
 def test_fused_lm_loss_equals_its_reference(div, ce_weight):
-    """LinearDistill (lm_head + loss + gradient in one chunked pass: draft-lm, PARD) against
+    """linear_distill (lm_head + loss + gradient in one chunked pass: draft-lm, PARD) against
     autograd through distill_terms, for every loss option."""
     torch.manual_seed(2)
     n, hd, h, v = 9, 6, 5, 17
@@ -85,7 +85,7 @@ def test_fused_lm_loss_equals_its_reference(div, ce_weight):
     weight = torch.randn(v, hd, requires_grad=True)
     last, labels = torch.randn(n, h), torch.randint(0, v, (n,))
     norm, head = torch.rand(h) + 0.5, torch.randn(v, h)
-    loss, d_sum, ce_sum, correct = lm_losses.LinearDistill.apply(
+    loss, d_sum, ce_sum, correct = lm_losses.linear_distill(
         hidden, weight, last, labels, norm, head, 1e-6, ce_weight, div, 4, torch.float32)
     loss.backward()
     got = hidden.grad.clone(), weight.grad.clone()
@@ -104,16 +104,17 @@ def test_fused_lm_loss_equals_its_reference(div, ce_weight):
 
 def test_family_step_terms_use_the_divergence():
     torch.manual_seed(3)
-    d, t = torch.randn(1, 4, 6), torch.randn(1, 4, 6)
+    rows, t = torch.randn(3, 6), torch.randn(3, 6)  # lm_head = identity: rows are the logits
     valid = torch.tensor([[True, True, False, True]])
-    args = (torch.zeros(1, 4, dtype=torch.long), torch.arange(6), valid, torch.ones_like(valid))
-    tv_sum, counts, _ = family_losses.step_terms(d, t, *args, Divergence("tv"))
-    want = divergence.rows(d[valid], t[valid], Divergence("tv")).sum()
+    args = (torch.eye(6), t, torch.zeros(3, dtype=torch.long), torch.arange(3), torch.arange(6),
+            valid, torch.ones_like(valid))
+    tv_sum, counts, _ = family_losses.step_terms(rows, *args, Divergence("tv"))
+    want = divergence.rows(rows, t, Divergence("tv")).sum()
     assert tv_sum.item() == pytest.approx(want.item(), rel=1e-6)
     assert counts["kl_sum"].item() == pytest.approx(want.item(), rel=1e-6)  # the loss trained
-    kl_sum, _, _ = family_losses.step_terms(d, t, *args)  # default: kl, as before
-    assert kl_sum.item() == pytest.approx(family_losses.kl_per_position(d[valid], t[valid])
-                                          .sum().item(), rel=1e-6)
+    kl_sum, _, _ = family_losses.step_terms(rows, *args)  # default: kl, as before
+    assert kl_sum.item() == pytest.approx(family_losses.kl_per_position(rows, t).sum().item(),
+                                          rel=1e-6)
 
 
 # ----------------------------------------------------------------------------- config

@@ -185,7 +185,7 @@ def test_forward_equals_a_direct_full_vocab_computation(tiny_target):
     loss_mask[:, :4] = 0
     _, last = capture(tiny_target.model, ids, [8], attention_mask=attn)
     batch = {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask, "last": last}
-    loss, metrics = model(batch)  # fused lm_head + loss + gradient (losses.LinearDistill)
+    loss, metrics = model(batch)  # fused lm_head + loss + gradient (losses.linear_distill)
     loss.backward()
     fused = {n: p.grad.clone() for n, p in lm.named_parameters()}
     lm.zero_grad()

@@ -38,11 +38,12 @@ def test_two_steps_by_hand():
     d1, t1 = [[5.0, 0.0], [0.0, 5.0], [0.0, 5.0]], [[1.0, -1.0], [0.5, 0.0], [-1.0, 2.0]]
     valid = torch.ones(1, 3, dtype=torch.bool)
     chain = torch.ones(1, 3, dtype=torch.bool)
-    kl0, c0, correct0 = losses.step_terms(torch.tensor([d0]), torch.tensor([t0]),
-                                          torch.tensor([[5, 1, 7]]), to_target, valid, chain)
+    eye, rows = torch.eye(2), torch.arange(3)  # lm_head = identity: the rows are the logits
+    kl0, c0, correct0 = losses.step_terms(torch.tensor(d0), eye, torch.tensor(t0),
+                                          torch.tensor([5, 1, 7]), rows, to_target, valid, chain)
     assert correct0.tolist() == [[True, True, False]]
-    kl1, c1, _ = losses.step_terms(torch.tensor([d1]), torch.tensor([t1]),
-                                   torch.tensor([[1, 1, 5]]), to_target, valid, correct0)
+    kl1, c1, _ = losses.step_terms(torch.tensor(d1), eye, torch.tensor(t1),
+                                   torch.tensor([1, 1, 5]), rows, to_target, valid, correct0)
     loss, m = losses.combine([kl0, kl1], [c0, c1], decay=0.8)
     mean0 = sum(_kl(t, d) for t, d in zip(t0, d0, strict=True)) / 3
     mean1 = sum(_kl(t, d) for t, d in zip(t1, d1, strict=True)) / 3
@@ -56,14 +57,20 @@ def test_two_steps_by_hand():
     assert all(isinstance(v, float) for v in m.values())
 
 
-def test_invalid_positions_do_not_count_and_carry_no_gradient():
-    draft = torch.randn(1, 4, 6, requires_grad=True)
+def test_only_the_valid_rows_are_scored_and_each_meets_its_verifier_row():
+    """Two valid positions of four; their rows read verifier rows 2 and 0 (`at`)."""
+    rows = torch.randn(2, 6, requires_grad=True)
+    tgt = torch.randn(3, 6)
     valid = torch.tensor([[True, False, True, False]])
-    kl, c, _ = losses.step_terms(draft, torch.randn(1, 4, 6), torch.zeros(1, 4, dtype=torch.long),
-                                 torch.arange(6), valid, torch.ones_like(valid))
+    kl, c, _ = losses.step_terms(rows, torch.eye(6), tgt, torch.zeros(3, dtype=torch.long),
+                                 torch.tensor([2, 0]), torch.arange(6), valid,
+                                 torch.ones_like(valid))
     kl.backward()
     assert c["n"].item() == 2
-    assert draft.grad[0, 1].abs().sum() == 0 and draft.grad[0, 0].abs().sum() > 0
+    want = losses.kl_per_position(rows.detach(), tgt[[2, 0]]).sum()
+    assert kl.item() == pytest.approx(want.item(), rel=1e-6)
+    q, p = torch.softmax(rows.detach(), -1), torch.softmax(tgt[[2, 0]], -1)
+    torch.testing.assert_close(rows.grad, q - p)  # d KL / d logits
 
 
 def test_empty_steps_give_zero_not_nan():

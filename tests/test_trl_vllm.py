@@ -4,9 +4,10 @@ fp32, tiny-llama). The issue asks for the embedded SmolLM2 target; one GRPO step
 would not fit the few minutes CI gives this test: tiny-llama takes the same code path.
 
 The TRL script of docs/integration.md#trl runs as written (runpy, in a temp dir where
-`runs/smol` is a tiny-llama run whose export is an EAGLE-3 head fitted to the target's greedy
-continuations of the script's questions): 3 GRPO steps at T=1, 4 prompts x 2 generations, 16
-tokens. Before the integration's step-end check at step 1, a zeroed copy of the draft is
+`runs/smol` is a run whose target is tiny-llama fitted to its own greedy answers of the script's
+questions (`confident_policy`: random tiny-llama's greedy answers do not survive two GRPO
+steps) and whose export is an EAGLE-3 head fitted to that target's greedy continuations of
+them): 3 GRPO steps at T=1, 4 prompts x 2 generations, 16 tokens. Before the integration's step-end check at step 1, a zeroed copy of the draft is
 published as `current`, as a `draftkit watch` in another process would. Asserts:
 - speculation is on inside TRL's own generate calls: every call drafted (engine counters);
 - the engine holds each step's policy with the draft in it: TRL's own
@@ -24,6 +25,7 @@ published as `current`, as a `draftkit watch` in another process would. Asserts:
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import runpy
@@ -31,7 +33,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _rl_helpers import publish_copy, trained_export, zeroed
+import torch
+from _rl_helpers import publish_copy, zeroed
 from test_docs import example
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
@@ -52,13 +55,59 @@ def greedy_against_no_speculation(trainer, questions: list[str], tmp: Path) -> d
     return {**out, "reference": reference}
 
 
+def confident_policy(target, prompts: list[list[int]], out: Path, steps: int = 8) -> Path:
+    """tiny-llama fitted (full batch, Adam lr 3e-3, `steps`) to its own greedy answers of
+    `prompts`, saved with its tokenizer as a local HF dir: the policy the script trains.
+
+    Random tiny-llama is near-uniform (top-1 over top-2 logit ~0.01-0.3 nats on its greedy
+    answers), and the script's GRPO steps (Adam, lr 1e-4) move its logits by up to ~1.4: its
+    greedy answers changed from the first token by step 2, every draft fitted to them probed at
+    AL ~1.05, and whether the refresh's swap passed its probe hung on the sampled trajectory,
+    which any change to the draft's weights alters (vLLM's T=1 samples depend on the draft).
+    Fitted 8 steps, its greedy answers keep all 32 probe tokens under that run's GRPO weight
+    change while its T=1 samples stay varied (~3.6 nats a token): fitted 30 steps (~0.1 nats)
+    both samples of a prompt came out alike, and GRPO had no advantage to learn from."""
+    from _runs import greedy_batch
+
+    model = copy.deepcopy(target.model).train().requires_grad_(True)
+    batch = greedy_batch(target, prompts, 40, [1])
+    ids, learn = batch["input_ids"], batch["loss_mask"][:, 1:].bool()  # [B, T], [B, T-1]
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        logits = model(input_ids=ids, attention_mask=batch["attention_mask"]).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits[learn], ids[:, 1:][learn])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().requires_grad_(False)
+    model.save_pretrained(out)
+    target.tokenizer.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="module")
-def smol_run(tmp_path_factory, trained_draft):
-    """`runs/smol` under a temp dir: the trained tiny-llama head exported, small refreshes."""
+def smol_run(tmp_path_factory, tiny_target):
+    """`runs/smol` under a temp dir: its target the confident tiny-llama policy (a local dir),
+    an EAGLE-3 head fitted to that policy's greedy answers exported, small refreshes."""
+    from _runs import DRAFT, chat_prompts, make_run, one_thread, save_best, train_draft
+
+    from draftkit.export.stage import export
+    from draftkit.targets.load import load_target
+
     cwd = tmp_path_factory.mktemp("trl")
-    run, _ = trained_export(cwd / "runs", trained_draft, name="smol", probe_tokens=GEN * 2,
-                            overrides=("refresh.budget_steps=4", "refresh.lr=1e-5",
-                                       "refresh.gate=false"))
+    tok = tiny_target.tokenizer
+    prompts = chat_prompts(tok, 8)  # the script's questions, as its chat template gives them
+    with one_thread():
+        policy_dir = confident_policy(tiny_target, prompts + chat_prompts(tok, 8, offset=100),
+                                      cwd / "policy")
+        policy = load_target(str(policy_dir), device="cpu", dtype="float32")
+        run = make_run(cwd / "runs", prompts=prompts, name="smol", target=str(policy_dir),
+                       overrides=[*DRAFT, "train.ttt_steps=3", "tracking.backend=none",
+                                  "refresh.budget_steps=4", "refresh.lr=1e-5",
+                                  "refresh.gate=false", f"refresh.probe_max_tokens={GEN * 2}"])
+        model, metrics = train_draft(run, policy, prompts, new_tokens=40)
+    save_best(run, model, metrics, step=150)
+    export(run, ["export.check=false"])
     return cwd, run
 
 

@@ -52,11 +52,13 @@ def setup(src: Path, cfg):
     paths = open_run(src).paths
     target = load_target(cfg.target.name, device="cpu", dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
-    model = stage.build_draft(cfg, [paths], target).to(dtype=torch.float32)
+    compute = hardware.torch_dtype(cfg.train.dtype, "cpu", key="train.dtype")
+    model = stage.ready(stage.build_draft(cfg, [paths], target).to(dtype=torch.float32), cfg,
+                        compute)  # train.loss, train.compile, ... as training sets them
     del target
     source = HarvestSource([report.harvest_of(cfg, paths, "train")])
     pad = cfg.train.pad_multiple
-    build = BatchBuilder(source, torch.float32, None, cfg.train.loss_on, pad)
+    build = BatchBuilder(source, compute, None, cfg.train.loss_on, pad)
     return model, build, epoch_plan(source.lengths(), cfg.train.batch_tokens, cfg.train.seed, 0,
                                     pad)
 

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,13 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
+
+
+def _jsonable(obj: Any) -> Any:
+    """A mapping that is not a dict (a draft's metrics, read from the device on access) as a
+    dict; anything else as its str."""
+    return dict(obj) if isinstance(obj, Mapping) else str(obj)
 
 
 def read_json(path: str | Path) -> Any:

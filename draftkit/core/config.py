@@ -188,6 +188,10 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # autocast dtype; auto = native bf16 (CUDA, AVX512-BF16/AMX) else fp32
+    # torch.compile the draft's elementwise-heavy parts (its RMSNorms and MLPs; a draft LM's
+    # decoder layers) into fused kernels. Off by default: not yet measured to pay for its
+    # compile time on any machine (measure with benchmarks/cost/train_step.py first)
+    compile: bool = False
     # warm start: a speculators-format head (train/best, a checkpoint, an export, or a run dir =
     # its train/best); its weights AND its draft vocab are the starting point (refresh jobs).
     # draft-lm: a trained draft LM's HF dir (the same places), instead of draft.init

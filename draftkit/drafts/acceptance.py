@@ -9,9 +9,14 @@ and this module derives
     loss   = sum_j w_j * loss_j
     sim_al = 1 + sum_k prod_{i<=k} cond_acc_i     (expected greedy acceptance length at k steps)
 Metrics carry their counts, so `aggregate` over an eval set is exact, not a mean of batch means.
+A training forward returns them as `DeviceMetrics`: the counts stay on the device until a
+metric is read (the train loop reads them every tracking.log_every steps), so a step does not
+wait for the device to report its counts.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
@@ -74,3 +79,34 @@ def aggregate(metrics_list: list[dict]) -> dict[str, float]:
             counts[f"{k}_{j}"] = sum(float(m[f"{k}_{j}"]) for m in metrics_list)
         counts[f"w_{j}"] = float(metrics_list[0][f"w_{j}"])
     return metrics_from_counts(counts)
+
+
+class DeviceMetrics(Mapping):
+    """Metrics derived (`derive`, default metrics_from_counts) from counts that may be device
+    tensors: read on first access, all counts in one transfer, then a plain mapping of floats.
+    counts: name -> 0-dim tensor or float."""
+
+    def __init__(self, counts: dict[str, torch.Tensor | float],
+                 derive: Callable[[dict[str, float]], dict[str, float]] = metrics_from_counts):
+        self._counts, self._derive, self._values = counts, derive, None
+
+    def resolve(self) -> dict[str, float]:
+        if self._values is None:
+            names = list(self._counts)
+            tensors = [v for v in self._counts.values() if isinstance(v, torch.Tensor)]
+            read = iter(torch.stack([t.detach().double() for t in tensors]).tolist()
+                        if tensors else [])
+            self._values = self._derive({n: next(read) if isinstance(v, torch.Tensor)
+                                         else float(v)
+                                         for n, v in zip(names, self._counts.values(),
+                                                         strict=True)})
+        return self._values
+
+    def __getitem__(self, key: str) -> float:
+        return self.resolve()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.resolve())
+
+    def __len__(self) -> int:
+        return len(self.resolve())

@@ -117,10 +117,13 @@ class _PlanItems(Dataset):
 
 class PlannedBatches(Sequence):
     """One epoch's batches, built when indexed; `stream(indices)` yields them in that order,
-    read ahead by `workers` DataLoader processes (0 = in this process)."""
+    read ahead by `workers` DataLoader processes (0 = in this process), and with `pin` (a CUDA
+    device) placed in pinned memory by the DataLoader's pin thread, ready for an asynchronous
+    copy (train/near_hardware.py)."""
 
-    def __init__(self, plan: list[list[int]], build: BatchBuilder, workers: int = 0):
-        self.plan, self.build, self.workers = plan, build, workers
+    def __init__(self, plan: list[list[int]], build: BatchBuilder, workers: int = 0,
+                 pin: bool = False):
+        self.plan, self.build, self.workers, self.pin = plan, build, workers, pin
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -139,5 +142,6 @@ class PlannedBatches(Sequence):
         # (train.feature_noise) from another point of the stream than the uninterrupted run
         loader = DataLoader(_PlanItems(self.plan, self.build), batch_size=None, sampler=indices,
                             num_workers=min(self.workers, len(indices)), prefetch_factor=2,
+                            pin_memory=self.pin,
                             generator=torch.Generator().manual_seed(0))
         yield from loader

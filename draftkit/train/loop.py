@@ -11,6 +11,12 @@ run re-derives the same order and skips what it already consumed. Each rank take
 `world`-th micro-batch. An epoch must hold at least one optimizer step (grad_accum x processes
 micro-batches), else training stops with an error instead of spinning through empty epochs.
 A checkpoint dir is complete once its `meta.json` exists (written last).
+
+Near the hardware: on CUDA the next batch is copied to the device during the current step
+(near_hardware.py). A step does not wait for the device: its loss and the model's metrics
+(counts left on the device, drafts/acceptance.py DeviceMetrics) are read every
+`tracking.log_every` steps, at evals and checkpoints, in one read; only train.max_cpu_seconds
+over several processes reduces each step's CPU-seconds across ranks.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,9 +37,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftkit.core import artifacts, hardware, provenance
-from draftkit.core.batching import to_device
 from draftkit.core.config import TrackingConfig, TrainConfig
 from draftkit.core.errors import DraftkitError
+from draftkit.train.near_hardware import DeviceFeed
 
 Batch = dict[str, torch.Tensor]
 
@@ -201,16 +207,17 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
     tracker = Tracker(tracking, run_name, out_dir, config_dict or {}, acc.is_main_process)
     bar = tqdm(total=total, initial=state.step, desc="train", disable=not acc.is_main_process)
     t0, steps_this_call = time.perf_counter(), 0
+    pending: list[tuple[dict, torch.Tensor, Mapping]] = []  # steps whose numbers are unread
     while state.step < total:
         epoch_batches = batches(state.epoch)
         usable = (len(epoch_batches) // per_step) * per_step
         # this rank's micro-batches from here to the epoch's end: j = micro + rank + world * t
         stream = _stream(epoch_batches, range(state.micro + acc.process_index, usable,
                                               acc.num_processes))
+        feed = DeviceFeed(stream, device)  # CUDA: the next batch copied during this step
         while state.micro < usable and state.step < total and not _out_of_time(cfg, state):
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            mine = [to_device(next(stream), device)  # this rank's share of the step
-                    for _ in range(cfg.grad_accum)]
+            mine = [feed.take() for _ in range(cfg.grad_accum)]  # this rank's share of the step
             losses, metrics = [], {}
             for i, batch in enumerate(mine):
                 last = i == len(mine) - 1
@@ -228,27 +235,28 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
             state.micro += per_step
             state.step += 1
             steps_this_call += 1
-            # rank means: every rank then holds the same cpu_s and stops at the same step
-            step_cpu = torch.tensor(time.process_time() - cpu0, device=device)
-            loss_avg, step_cpu = acc.reduce(torch.stack([torch.stack(losses).mean().float(),
-                                                         step_cpu]), reduction="mean").tolist()
-            state.cpu_s += step_cpu
+            state.cpu_s += _step_cpu(time.process_time() - cpu0, cfg, acc, device)
             state.wall_s += time.perf_counter() - wall0
             done = state.step == total or _out_of_time(cfg, state)
-            record = {"step": state.step, "loss": loss_avg, "lr": sched.get_last_lr()[0],
-                      "cpu_s": state.cpu_s, "wall_s": state.wall_s,
-                      **{f"train/{k}": v for k, v in metrics.items() if isinstance(v, float)}}
-            if state.step % cfg.eval_every == 0 or done:
+            stopping = stop_after is not None and steps_this_call >= stop_after
+            record = {"step": state.step, "lr": sched.get_last_lr()[0], "cpu_s": state.cpu_s,
+                      "wall_s": state.wall_s}  # + loss and train/ metrics when read
+            history.append(record)
+            pending.append((record, torch.stack(losses).mean().float(), metrics))
+            evaluating = state.step % cfg.eval_every == 0 or done
+            saving = state.step % cfg.save_every == 0 or done
+            if state.step % tracking.log_every == 0 or evaluating or saving or stopping:
+                _read_pending(pending, acc)  # the device's numbers since the last read
+                bar.set_postfix(loss=f"{record['loss']:.3f}", best=f"{state.best_metric:.3f}")
+            if evaluating:
                 with autocast(cfg, device):
                     record.update(_evaluate(raw, evaluate, state, out_dir, acc, select_metric))
-            history.append(record)
             if state.step % tracking.log_every == 0 or "eval/" + select_metric in record:
                 tracker.log(record, state.step)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss_avg:.3f}", best=f"{state.best_metric:.3f}")
-            if state.step % cfg.save_every == 0 or done:
+            if saving:
                 _save_checkpoint(ckpt_root, raw, opt, sched, state, history, acc)
-            if stop_after is not None and steps_this_call >= stop_after:
+            if stopping:
                 stream.close()  # stops the DataLoader workers
                 bar.close()
                 tracker.finish()
@@ -269,6 +277,27 @@ def fit(model: torch.nn.Module, batches: Callable[[int], Sequence[Batch]],
                              best_metric={select_metric: state.best_metric})
     acc.wait_for_everyone()
     return FitResult(state, history, _best_dir(out_dir))
+
+
+def _step_cpu(seconds: float, cfg: TrainConfig, acc, device: torch.device) -> float:
+    """A step's CPU-seconds. With train.max_cpu_seconds across processes, the rank mean (one
+    collective per step), so every rank holds the same cpu_s and stops at the same step."""
+    if acc.num_processes == 1 or not cfg.max_cpu_seconds:
+        return seconds
+    return float(acc.reduce(torch.tensor(seconds, device=device), reduction="mean"))
+
+
+def _read_pending(pending: list[tuple[dict, torch.Tensor, Mapping]], acc) -> None:
+    """Fill the records of the unread steps with their loss (rank mean) and train/ metrics:
+    one read from the device for all of them (the steps ran without waiting for it)."""
+    if not pending:
+        return
+    losses = acc.reduce(torch.stack([loss for _, loss, _ in pending]),
+                        reduction="mean").tolist()
+    for (record, _, metrics), loss in zip(pending, losses, strict=True):
+        record["loss"] = loss
+        record.update({f"train/{k}": v for k, v in metrics.items() if isinstance(v, float)})
+    pending.clear()
 
 
 def _cpu_only(cfg: TrainConfig) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from draftkit.core import config
+from draftkit.core import config, hardware
 from draftkit.core.artifacts import RunPaths
 from draftkit.core.batching import plan_batches, to_device
 from draftkit.core.config import Run
@@ -46,6 +46,7 @@ from draftkit.train.data import (
     TokenSource,
     epoch_plan,
 )
+from draftkit.train.near_hardware import compile_parts, frozen_to
 
 
 def _extra_runs(run: Run) -> list[RunPaths]:
@@ -89,6 +90,22 @@ def build_draft(cfg, data_runs: list[RunPaths], target) -> torch.nn.Module:
     return kinds.of(cfg).build(cfg, data_runs, target)
 
 
+def ready(model: torch.nn.Module, cfg, compute: torch.dtype) -> torch.nn.Module:
+    """What training sets on a built draft (in place; benchmarks/cost/train_step.py does the
+    same): the frozen target parts in the `compute` dtype, train.compile, the loss
+    (train.loss), train.feature_noise and train.freeze_head."""
+    frozen_to(model, compute)
+    if cfg.train.compile:
+        compile_parts(model)
+    model.divergence = Divergence.from_config(cfg.train)  # train.loss, every kind
+    if cfg.train.feature_noise:
+        model.feature_noise = cfg.train.feature_noise
+    if cfg.train.freeze_head:
+        model.norm.requires_grad_(False)
+        model.lm_head.requires_grad_(False)
+    return model
+
+
 def _online_source(paths: RunPaths, split: str) -> TokenSource:
     ds = load_split(paths.data, split)
     return TokenSource([{"input_ids": torch.tensor(r["input_ids"]),
@@ -120,16 +137,15 @@ def train(run_dir: Path, overrides: list[str] | None = None,
                             f"use a small value like 0.05 (0 = off), got {cfg.train.feature_noise}")
     data_runs = [run.paths, *_extra_runs(run)]  # checked before the target loads
     device = loop.train_device(cfg.train)  # this rank's GPU under accelerate launch
-    dtype = torch.float32  # master weights and batches; train.dtype sets autocast (loop.py)
+    dtype = torch.float32  # master weights; train.dtype sets autocast (loop.py)
+    # the dtype autocast computes in (bf16 where native, else fp32): the frozen target copies
+    # and the batches' states are held in it (the harvest's bf16 states as stored, half the
+    # host-to-device copy of fp32)
+    compute = hardware.torch_dtype(cfg.train.dtype, device, key="train.dtype")
     target = load_target(cfg.target.name, device=device, dtype=cfg.target.dtype,
                          revision=cfg.target.revision)
-    model = build_draft(cfg, data_runs, target).to(device=device, dtype=dtype)
-    model.divergence = Divergence.from_config(cfg.train)  # train.loss, every kind
-    if cfg.train.feature_noise:
-        model.feature_noise = cfg.train.feature_noise
-    if cfg.train.freeze_head:
-        model.norm.requires_grad_(False)
-        model.lm_head.requires_grad_(False)
+    model = ready(build_draft(cfg, data_runs, target).to(device=device, dtype=dtype), cfg,
+                  compute)
 
     capture = None
     if cfg.train.mode == "online":
@@ -140,15 +156,15 @@ def train(run_dir: Path, overrides: list[str] | None = None,
         train_src = HarvestSource([_open_harvest(cfg, r, "train") for r in data_runs])
         eval_src = HarvestSource([_open_harvest(cfg, run.paths, "eval")])
     pad = cfg.train.pad_multiple
-    build = BatchBuilder(train_src, dtype, capture, cfg.train.loss_on, pad)  # eval: assistant only
+    build = BatchBuilder(train_src, compute, capture, cfg.train.loss_on, pad)  # eval: assistant only
     lengths = train_src.lengths()
     out = run.paths.train
 
     def batches(epoch: int) -> PlannedBatches:
         plan = epoch_plan(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch, pad)
-        return PlannedBatches(plan, build, cfg.train.num_workers)
+        return PlannedBatches(plan, build, cfg.train.num_workers, pin=device.type == "cuda")
 
-    evaluate = make_evaluator(BatchBuilder(eval_src, dtype, capture, pad_multiple=pad),
+    evaluate = make_evaluator(BatchBuilder(eval_src, compute, capture, pad_multiple=pad),
                               cfg.train.batch_tokens)
     loop.fit(model, batches, evaluate, cfg.train, out, cfg.tracking, run_name=cfg.name,
              config_dict=cfg.to_dict(), stop_after=stop_after)

@@ -9,12 +9,15 @@ Layers 1.. (vLLM's `layer_idx > 0`, `draft.num_layers` > 1) are plain decoder la
 previous layer's pre-norm output x: q, k, v = proj(input_layernorm(x)) with H inputs, residual
 = x (vLLM's fused add-norm); their hidden_norm exists, as in vLLM, and is unused.
 `begin` returns (q, k, v, residual) so a caller can attend over keys of several TTT steps;
-`attend` runs SDPA with an explicit boolean mask; `end` adds the residual and the MLP.
+`attend` runs SDPA with an explicit boolean mask (`TTTAttention`: flex attention without a
+dense mask on CUDA); `end` adds the residual and the MLP.
 RoPE is built by transformers' own init functions (default, llama3, yarn...) from the same
 `rope_parameters` the export writes, and is applied in float32 (no bf16 inv_freq drift).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +112,10 @@ class Attention(nn.Module):
         """q [B, nH, T, hd], k/v [B, nKV, S, hd], mask [B|1, 1, T, S] bool -> [B, T, H]."""
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.output(out)
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs [B, nH, T, hd] -> o_proj of them concatenated [B, T, H]."""
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
@@ -181,3 +188,55 @@ def ttt_mask(valid: torch.Tensor, steps: int) -> torch.Tensor:
     block0 = (causal[None] & valid[:, None, :]) | diag[None]  # [B, T, T]
     blocks = [block0] + [diag[None].expand(b, t, t)] * (steps - 1)
     return torch.cat(blocks, dim=-1)[:, None]  # [B, 1, T, steps*T]
+
+
+class TTTAttention:
+    """The attention of TTT step j over the keys of steps 0..j, under `ttt_mask`'s structure.
+
+    On CUDA (or with flex=True): flex attention, the structure given as a BlockMask built block
+    by block from the rule (step-0 keys at indices <= t of the same sequence, plus the key at t
+    of every step), with no dense [B, 1, T, steps*T] mask, compiled on CUDA (fused kernels
+    that skip the empty blocks). On the CPU: SDPA under the dense boolean mask, the measured
+    path (flex attention has no CPU backward). Both give the same attention (tests compare
+    them)."""
+
+    def __init__(self, valid: torch.Tensor, steps: int, flex: bool | None = None):
+        self.valid, self.steps = valid, steps  # [B, T] bool
+        self.flex = valid.is_cuda if flex is None else flex
+        self.dense = None if self.flex else ttt_mask(valid, steps)  # [B, 1, T, steps*T]
+        self.blocks: dict[int, object] = {}  # step j -> its BlockMask
+
+    def __call__(self, attn: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 j: int) -> torch.Tensor:
+        """Step j: q [B, nH, T, hd], k/v [B, nKV, (j+1)T, hd] -> [B, T, H]."""
+        t = self.valid.shape[1]
+        if not self.flex:
+            return attn.attend(q, k, v, self.dense[..., : (j + 1) * t])
+        if j not in self.blocks:
+            self.blocks[j] = ttt_block_mask(self.valid, j + 1)
+        out = _flex_attention(q.is_cuda)(q, k, v, block_mask=self.blocks[j],
+                                         enable_gqa=attn.num_heads != attn.num_kv_heads)
+        return attn.output(out)
+
+
+def ttt_block_mask(valid: torch.Tensor, steps: int):
+    """`ttt_mask`'s structure as flex attention's BlockMask over steps*T keys: query t sees
+    key index kv (step kv // T, index kv % T) if kv % T == t, or if kv is a step-0 key at an
+    index <= t of its sequence."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, t = valid.shape
+
+    def rule(bi, _h, qi, kv):
+        k = kv % t
+        return (k == qi) | ((kv < t) & (k <= qi) & valid[bi, k])
+
+    return create_block_mask(rule, b, None, t, steps * t, device=valid.device)
+
+
+@functools.cache
+def _flex_attention(compiled: bool):
+    """flex_attention, compiled for CUDA (eager it runs a reference implementation)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True) if compiled else flex_attention

@@ -39,18 +39,19 @@ from draftkit.core import artifacts, registry
 from draftkit.core.batching import pad_rows
 from draftkit.core.config import TrainConfig
 from draftkit.core.errors import DraftkitError
-from draftkit.drafts import acceptance
+from draftkit.drafts import acceptance, fused_loss
 from draftkit.drafts.divergence import KL
 from draftkit.drafts.eagle_family import format as fmt
 from draftkit.drafts.eagle_family import init_layer, losses
 from draftkit.drafts.eagle_family.format import DraftSpec
 from draftkit.drafts.eagle_family.layer import (
+    MLP,
     Eagle3Layer,
     RMSNorm,
     Rotary,
+    TTTAttention,
     causal_mask,
     rms_norm,
-    ttt_mask,
 )
 from draftkit.drafts.eagle_family.target_tensors import module_tensors, read_target_tensors
 from draftkit.drafts.eagle_family.vocab import DraftVocab
@@ -73,6 +74,8 @@ class FamilyDraft(nn.Module, abc.ABC):
 
     # how to get a draft whose verifier parts are loaded (verifier_targets' error)
     LOAD_HINT = "build the model with Eagle3Draft.from_run_config or from_pretrained"
+    # frozen copies of the target's tensors: training holds them in its compute dtype
+    FROZEN_TARGET_PARTS = ("embed_tokens.weight", "verifier_norm", "verifier_lm_head")
 
     def __init__(self, spec, vocab: DraftVocab, ttt_decay: float):
         super().__init__()
@@ -120,6 +123,10 @@ class FamilyDraft(nn.Module, abc.ABC):
         if init_norm:
             self.norm.weight.data.copy_(norm)
 
+    def compile_parts(self) -> list[nn.Module]:
+        """What train.compile compiles: the norms and MLPs (elementwise chains that fuse)."""
+        return [m for m in self.modules() if isinstance(m, (RMSNorm, MLP))]
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
@@ -137,18 +144,14 @@ class FamilyDraft(nn.Module, abc.ABC):
     # ----------------------------------------------------------------- training
 
     @torch.no_grad()
-    def verifier_targets(self, last: torch.Tensor, where: torch.Tensor | None = None,
-                         full_vocab: bool = True,
-                         chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-        """last [B, T, H] (target pre-norm) -> (verifier logits on the draft vocab [B, T, Vd],
-        verifier argmax over the full vocab [B, T] as target ids); chunked over tokens.
-        With `where` [B, T] bool, only those positions are computed (others: 0 logits, id -1)."""
+    def verifier_rows(self, last: torch.Tensor, where: torch.Tensor, full_vocab: bool = True,
+                      chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verifier at the positions `where` [B, T] bool picks (M of them, row-major):
+        last [B, T, H] (target pre-norm) -> (logits on the draft vocab [M, Vd] in the matmul's
+        dtype, argmax over the full vocab [M] as target ids); chunked over tokens."""
         if self.verifier_lm_head.numel() == 0:
             raise DraftkitError(f"the verifier lm_head is not loaded; {self.LOAD_HINT}")
-        b, t, h = last.shape
-        if where is None:
-            where = torch.ones(b, t, dtype=torch.bool, device=last.device)
-        # The KL needs only the draft-vocab rows; the full-vocab argmax behind the acc metrics
+        # The loss needs only the draft-vocab rows; the full-vocab argmax behind the acc metrics
         # costs 4-12x more. forward() asks for it in eval mode only, so train-step acc_j is vs
         # the draft-vocab argmax (logged approximation; eval/best-checkpoint metrics are exact).
         draft_only = not full_vocab
@@ -166,11 +169,27 @@ class FamilyDraft(nn.Module, abc.ABC):
             else:
                 ids.append(logits.argmax(-1))
                 logits_d.append(logits[:, self.t2d])  # [n, Vd]; t2d order == draft id order
+        if not logits_d:
+            return last.new_zeros(0, self.spec.draft_vocab_size), \
+                torch.zeros(0, dtype=torch.long, device=last.device)
+        return torch.cat(logits_d), torch.cat(ids)
+
+    @torch.no_grad()
+    def verifier_targets(self, last: torch.Tensor, where: torch.Tensor | None = None,
+                         full_vocab: bool = True,
+                         chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+        """`verifier_rows` laid out over the batch: (verifier logits on the draft vocab
+        [B, T, Vd] float32, verifier argmax over the full vocab [B, T] as target ids); positions
+        outside `where` (default: all) get 0 logits and id -1. For analyses: training never
+        builds the [B, T, Vd] tensor (forward)."""
+        b, t, _ = last.shape
+        if where is None:
+            where = torch.ones(b, t, dtype=torch.bool, device=last.device)
+        rows, ids = self.verifier_rows(last, where, full_vocab, chunk)
         out_logits = last.new_zeros(b, t, self.spec.draft_vocab_size, dtype=torch.float32)
         out_ids = torch.full((b, t), -1, dtype=torch.long, device=last.device)
-        if logits_d:
-            out_logits[where] = torch.cat(logits_d).float()  # fp32 even under autocast
-            out_ids[where] = torch.cat(ids)
+        out_logits[where] = rows.float()  # fp32 even under autocast
+        out_ids[where] = ids
         return out_logits, out_ids
 
     @abc.abstractmethod
@@ -180,33 +199,36 @@ class FamilyDraft(nn.Module, abc.ABC):
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
         """The loss over a padded batch: aux [B,T,A*Ht], last [B,T,H], input_ids [B,T],
-        loss_mask [B,T], attention_mask [B,T] (one sequence per row, any padding side)."""
+        loss_mask [B,T], attention_mask [B,T] (one sequence per row, any padding side).
+        Only positions that count are scored: the verifier once over the M positions any
+        step needs, each step's lm_head and loss fused over its N rows (losses.step_terms);
+        no [B, T, Vd] tensor is built."""
         valid = batch["attention_mask"].bool()  # [B, T]
         learn = valid & batch["loss_mask"].bool()  # [B, T] tokens the draft must predict
         # the verifier is needed only at positions p whose next token x_{p+1} is learned
         need = valid & acceptance.shift(learn, 1)  # [B, T]
-        tgt_logits, tgt_ids = self.verifier_targets(  # [B, T, Vd], [B, T]
-            batch["last"], where=need, full_vocab=not self.training)
+        tgt_logits, tgt_ids = self.verifier_rows(  # [M, Vd], [M]
+            batch["last"], need, full_vocab=not self.training)
+        row_of = torch.full(need.shape, -1, dtype=torch.long, device=need.device)  # [B, T]
+        row_of[need] = torch.arange(tgt_ids.shape[0], device=need.device)  # position -> row
         states = self.train_states(batch, valid)  # steps x [B, T, H]
         to_target = self.draft_to_target(torch.arange(self.spec.draft_vocab_size,
                                                       device=valid.device))  # [Vd]
-        kl_sums, counts = [], []
+        chunk = fused_loss.chunk_rows(self.spec.draft_vocab_size, ROW_MULTIPLE)
+        sums, counts = [], []
         chain_ok = torch.ones_like(valid)  # steps < j all correct at this index
         for j, post in enumerate(states):
             # index t predicts x_{t+2+j} (counts if it exists and is an assistant token);
             # the verifier's distribution for it comes from last[t+1+j]
             step_valid = valid & acceptance.shift(learn, 2 + j)  # [B, T]
-            rows = post[step_valid]  # [N, H]: only the positions that count
-            picked = self.lm_head(pad_rows(rows, ROW_MULTIPLE))[: rows.shape[0]]  # [N, Vd]
-            logits = picked.new_zeros(*step_valid.shape, self.spec.draft_vocab_size)  # [B,T,Vd]
-            logits = logits.index_put((step_valid,), picked)
-            kl_sum, c, correct = losses.step_terms(
-                logits, acceptance.shift(tgt_logits, 1 + j), acceptance.shift(tgt_ids, 1 + j), to_target,
-                step_valid, chain_ok, self.divergence)
+            at = acceptance.shift(row_of, 1 + j)[step_valid]  # [N] verifier rows
+            div_sum, c, correct = losses.step_terms(
+                post[step_valid], self.lm_head.weight, tgt_logits, tgt_ids, at, to_target,
+                step_valid, chain_ok, self.divergence, chunk, ROW_MULTIPLE)
             chain_ok = chain_ok & correct
-            kl_sums.append(kl_sum)
+            sums.append(div_sum)
             counts.append(c)
-        return losses.combine(kl_sums, counts, self.ttt_decay)
+        return losses.combine(sums, counts, self.ttt_decay)
 
 
 class Eagle3Draft(FamilyDraft):
@@ -339,31 +361,31 @@ class Eagle3Draft(FamilyDraft):
         valid = attention_mask.bool()  # [B, T]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, T]
         hidden = self.fuse(aux)  # [B, T, H]: step-0 features fuse(h_t)
-        mask = ttt_mask(valid, self.ttt_steps)  # [B, 1, T, steps*T]
-        t = input_ids.shape[1]
+        attention = TTTAttention(valid, self.ttt_steps)  # the keys each step's queries see
         keys = [[] for _ in self.layers]  # per layer: the K of steps 0..j
         values = [[] for _ in self.layers]
         states = []
         for j in range(self.ttt_steps):
             cos, sin = self.rotary(positions + j, hidden.dtype)  # position t+j
             embeds = self.embed_tokens(acceptance.shift(input_ids, 1 + j))  # token x_{t+1+j}: [B, T, H]
-            prenorm = self.ttt_layers(embeds, hidden, cos, sin, keys, values, mask[..., : (j + 1) * t])
+            prenorm = self.ttt_layers(embeds, hidden, cos, sin, keys, values, attention, j)
             post = self.norm(prenorm)
             states.append(post)
             hidden = post if self.spec.norm_output else prenorm  # next step's hidden
         return states
 
     def ttt_layers(self, embeds: torch.Tensor, prenorm: torch.Tensor, cos, sin,
-                   keys: list[list], values: list[list], mask: torch.Tensor) -> torch.Tensor:
-        """One TTT step through the decoder layers: its K/V are appended to each layer's
-        `keys`/`values` (steps 0..j), its queries attend to them under `mask` [B, 1, T, (j+1)T];
-        returns the step's pre-norm state [B, T, H]."""
+                   keys: list[list], values: list[list], attention: TTTAttention,
+                   j: int) -> torch.Tensor:
+        """TTT step j through the decoder layers: its K/V are appended to each layer's
+        `keys`/`values` (steps 0..j), its queries attend to them as `attention` says (the TTT
+        mask's structure, layer.py); returns the step's pre-norm state [B, T, H]."""
         for n, layer in enumerate(self.layers):
             q, k, v, residual = layer.begin(embeds, prenorm, cos, sin)
             keys[n].append(k)
             values[n].append(v)
-            out = layer.self_attn.attend(q, torch.cat(keys[n], dim=2),
-                                         torch.cat(values[n], dim=2), mask)  # keys [B,nKV,(j+1)T,hd]
+            out = attention(layer.self_attn, q, torch.cat(keys[n], dim=2),
+                            torch.cat(values[n], dim=2), j)  # keys [B,nKV,(j+1)T,hd]
             prenorm = layer.end(out, residual)  # [B, T, H]
         return prenorm
 

@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from draftkit.drafts import divergence
-from draftkit.drafts.acceptance import metrics_from_counts, shift
+from draftkit.drafts.acceptance import DeviceMetrics, metrics_from_counts, num_steps, shift
 from draftkit.drafts.divergence import KL, Divergence
+from draftkit.drafts.fused_loss import LinearLoss
 
 
 def kl_full_vocab(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
@@ -36,7 +37,7 @@ def distill_terms(draft_logits: torch.Tensor, target_logits: torch.Tensor, label
                                                                    torch.Tensor, torch.Tensor]:
     """Sums over N positions: draft_logits [N, V] (with grad), target_logits [N, V], labels [N]
     (the data's next token). Returns (loss_sum, div_sum, ce_sum, correct [N] bool); the
-    reference `LinearDistill` is checked against."""
+    reference `linear_distill` is checked against."""
     kl = divergence.rows(draft_logits, target_logits, div)  # [N]
     loss = (1.0 - ce_weight) * kl.sum()
     ce = draft_logits.new_zeros(())
@@ -48,28 +49,37 @@ def distill_terms(draft_logits: torch.Tensor, target_logits: torch.Tensor, label
 
 
 def chain_counts(correct: torch.Tensor, valid: torch.Tensor, k: int,
-                 kl_sum: float) -> dict[str, float]:
-    """Counts of the teacher-forced k-draft chains (keys of eagle_family.losses, so `aggregate` sums
-    them exactly). correct [B, T] bool (False where not valid), valid [B, T] bool."""
-    out: dict[str, float] = {}
+                 kl_sum: torch.Tensor | float) -> dict[str, torch.Tensor | float]:
+    """Counts of the teacher-forced k-draft chains (keys of eagle_family.losses, so `aggregate`
+    sums them exactly), as 0-dim tensors on the batch's device. correct [B, T] bool (False
+    where not valid), valid [B, T] bool."""
+    out: dict[str, torch.Tensor | float] = {}
     chain_ok = torch.ones_like(valid)  # drafts < j all correct, for a chain starting at t
     for j in range(k):
         valid_j, correct_j = shift(valid, j), shift(correct, j)  # [B, T] at position t+j
         cond = valid_j & chain_ok
-        out.update({f"n_{j}": float(valid_j.sum()), f"correct_{j}": float(correct_j.sum()),
-                    f"cond_n_{j}": float(cond.sum()), f"cond_correct_{j}": float((cond &
-                                                                                 correct_j).sum()),
+        out.update({f"n_{j}": valid_j.sum(), f"correct_{j}": correct_j.sum(),
+                    f"cond_n_{j}": cond.sum(), f"cond_correct_{j}": (cond & correct_j).sum(),
                     f"kl_sum_{j}": kl_sum if j == 0 else 0.0, f"w_{j}": 1.0 if j == 0 else 0.0})
         chain_ok = chain_ok & correct_j
     return out
 
 
-def metrics(correct: torch.Tensor, valid: torch.Tensor, k: int, kl_sum: float,
-            ce_sum: float) -> dict[str, float]:
-    """Counts plus derived metrics (loss = mean KL, acc_j, cond_acc_j, sim_al, ce)."""
-    out = metrics_from_counts(chain_counts(correct, valid, k, kl_sum))
-    out["ce"] = ce_sum / max(1.0, out["n_0"])
+def with_ce(counts: dict[str, float]) -> dict[str, float]:
+    """metrics_from_counts plus `ce` = ce_sum / (positions of every step), from a `ce_sum`."""
+    counts = dict(counts)
+    ce_sum = counts.pop("ce_sum")
+    out = metrics_from_counts(counts)
+    out["ce"] = ce_sum / max(1.0, sum(out[f"n_{j}"] for j in range(num_steps(out))
+                                      if out[f"w_{j}"]))
     return out
+
+
+def metrics(correct: torch.Tensor, valid: torch.Tensor, k: int, kl_sum: torch.Tensor | float,
+            ce_sum: torch.Tensor | float) -> DeviceMetrics:
+    """Counts plus derived metrics (loss = mean divergence, acc_j, cond_acc_j, sim_al, ce), read
+    from the device when first accessed (acceptance.DeviceMetrics)."""
+    return DeviceMetrics({**chain_counts(correct, valid, k, kl_sum), "ce_sum": ce_sum}, with_ce)
 
 
 # ----------------------------------------------------------------------------- fused head + loss
@@ -85,56 +95,18 @@ def target_logits_from_last(last: torch.Tensor, norm_weight: torch.Tensor,
     return F.linear(x.to(dtype), lm_head.to(dtype)).float()
 
 
-class LinearDistill(torch.autograd.Function):
-    """lm_head + distillation loss over N rows in chunks, with the gradient computed in the
-    forward pass (the loss is a sum, so d loss_sum / d logits = (1-w)(q - p) + w(q - onehot)
-    needs no second pass): 4 [n, V] matmuls per chunk instead of 6 for checkpointed autograd,
-    and one chunk's [n, V] logits alive at a time.
+def linear_distill(hidden: torch.Tensor, weight: torch.Tensor, last: torch.Tensor,
+                   labels: torch.Tensor, target_norm: torch.Tensor, target_head: torch.Tensor,
+                   eps: float, ce_weight: float, div: Divergence, chunk: int,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                torch.Tensor]:
+    """lm_head + distillation loss over N rows in chunks, the gradient computed in the forward
+    (drafts/fused_loss.py), the target's logits computed per chunk from its pre-norm state.
+    hidden [N, Hd], weight [V, Hd], last [N, H], labels [N], target_norm [H], target_head
+    [V, H] -> (loss_sum, div_sum, ce_sum, correct [N] bool); only loss_sum has a gradient."""
+    def teacher(s: int, e: int) -> torch.Tensor:
+        return target_logits_from_last(last[s:e], target_norm, target_head, eps, dtype)
 
-    forward(hidden [N, Hd], weight [V, Hd], last [N, H], labels [N], target_norm [H],
-            target_head [V, H], eps, ce_weight, div (a Divergence), chunk, dtype)
-      -> (loss_sum, div_sum, ce_sum, correct [N] bool); only loss_sum has a gradient.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, last, labels, target_norm, target_head, eps, ce_weight,
-                div, chunk, dtype):
-        want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        w = weight.to(dtype)  # [V, Hd]
-        grad_h = torch.zeros_like(hidden, dtype=torch.float32) if want_grad else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_grad else None
-        loss_sum = kl_sum = ce_sum = hidden.new_zeros((), dtype=torch.float32)
-        correct = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
-        for s in range(0, hidden.shape[0], chunk):
-            h, lab = hidden[s:s + chunk].to(dtype), labels[s:s + chunk]  # [n, Hd], [n]
-            logits = F.linear(h, w).float()  # [n, V]
-            tgt = target_logits_from_last(last[s:s + chunk], target_norm, target_head, eps, dtype)
-            correct[s:s + chunk] = logits.argmax(-1) == tgt.argmax(-1)
-            # a few [n, V] buffers at a time, updated in place (divergence.sum_and_grad)
-            log_q, log_p = F.log_softmax(logits, -1), F.log_softmax(tgt, -1)
-            del logits, tgt
-            ce = -log_q.gather(1, lab[:, None]).sum()
-            q = log_q.exp() if want_grad and ce_weight else None  # [n, V]
-            d, g = divergence.sum_and_grad(log_p, log_q, div, want_grad)  # g = d d / d logits
-            del log_p, log_q
-            kl_sum, ce_sum = kl_sum + d, ce_sum + ce
-            loss_sum = loss_sum + (1.0 - ce_weight) * d + ce_weight * ce
-            if want_grad:
-                if ce_weight:  # (1-w) g + w (q - onehot)
-                    g = g.mul_(1.0 - ce_weight).add_(q, alpha=ce_weight)
-                    g[torch.arange(g.shape[0], device=g.device), lab] -= ce_weight
-                g = g.to(dtype)  # [n, V]
-                grad_h[s:s + chunk] = (g @ w).float()  # [n, Hd]
-                grad_w += (g.t() @ h).float()  # [V, Hd]
-            del g, q
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.dtypes = (hidden.dtype, weight.dtype)
-        ctx.mark_non_differentiable(kl_sum, ce_sum, correct)
-        return loss_sum, kl_sum, ce_sum, correct
-
-    @staticmethod
-    def backward(ctx, g_loss, _g_kl, _g_ce, _g_correct):
-        grad_h, grad_w = ctx.saved_tensors
-        dh, dw = ctx.dtypes
-        return ((grad_h * g_loss).to(dh), (grad_w * g_loss).to(dw), None, None, None, None, None,
-                None, None, None, None)
+    loss_sum, div_sum, ce_sum, draft_ids, target_ids = LinearLoss.apply(
+        hidden, weight, teacher, labels, ce_weight, div, chunk, dtype, 1)
+    return loss_sum, div_sum, ce_sum, draft_ids == target_ids

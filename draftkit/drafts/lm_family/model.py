@@ -12,7 +12,7 @@ position p has read x_0..x_p, like the target's `last[p]`, and both score x_{p+1
 
 Memory and time: logits are [N, V] over the full vocab (49k-152k). Only positions whose next
 token is an assistant token are scored, in chunks of `chunk` rows (~2^26 logits), by
-`losses.LinearDistill`, which computes lm_head, loss and gradient chunk by chunk in one pass:
+`losses.linear_distill`, which computes lm_head, loss and gradient chunk by chunk in one pass:
 one chunk's logits alive at a time, and no second pass over [N, V] in the backward.
 """
 
@@ -31,6 +31,9 @@ from draftkit.drafts.lm_family import losses
 
 
 class DraftLM(nn.Module):
+    # frozen copies of the target's tensors: training holds them in its compute dtype
+    FROZEN_TARGET_PARTS = ("target_norm", "target_lm_head")
+
     def __init__(self, lm: nn.Module, target_norm: torch.Tensor, target_lm_head: torch.Tensor,
                  rms_norm_eps: float, num_speculative_tokens: int = 3, ce_weight: float = 0.0,
                  chunk: int = 0):
@@ -58,6 +61,10 @@ class DraftLM(nn.Module):
                    float(target_model.config.rms_norm_eps), cfg.draft.num_speculative_tokens,
                    cfg.train.ce_weight)
 
+    def compile_parts(self) -> list[nn.Module]:
+        """What train.compile compiles: the small LM's decoder layers."""
+        return list(self.lm.get_decoder().layers)
+
     # ----------------------------------------------------------------- training
 
     def target_logits(self, last: torch.Tensor) -> torch.Tensor:
@@ -74,14 +81,14 @@ class DraftLM(nn.Module):
                                        use_cache=False).last_hidden_state  # [B, T, Hd] normed
         dtype = autocast_dtype(hidden.device.type)  # the lm_head matmuls follow train.dtype
         head = self.lm.get_output_embeddings().weight  # [V, Hd] (tied: the embedding)
-        loss_sum, kl_sum, ce_sum, hits = losses.LinearDistill.apply(
+        loss_sum, kl_sum, ce_sum, hits = losses.linear_distill(
             hidden[need], head, batch["last"][need], shift(ids, 1)[need],  # [N, Hd], [N, H], [N]
             self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.divergence,
             self.chunk, dtype)
         correct = torch.zeros_like(need)  # [B, T]
         correct[need] = hits
-        n = max(1, int(need.sum()))
-        return loss_sum / n, losses.metrics(correct, need, self.k, float(kl_sum), float(ce_sum))
+        n = need.sum().clamp(min=1)  # no host sync: metrics stay on the device until read
+        return loss_sum / n, losses.metrics(correct, need, self.k, kl_sum, ce_sum)
 
     # ----------------------------------------------------------------- save
 

@@ -9,7 +9,7 @@ whose next token is learned (an assistant token): step 0 scores the positions Dr
 
 Loss = (1/k) sum_j mean D_j, D = train.loss's divergence (drafts/divergence.py), over the slots
 of step j whose label x_{a+1+j} is learned (plus train.ce_weight of hard-label CE), one
-`LinearDistill` pass per step. Metrics use the
+`linear_distill` pass per step. Metrics use the
 EAGLE-3/draft-lm keys (acceptance.aggregate sums them): a chain of k drafts from anchor a
 is slot 0..k-1 of that anchor, and step j counts in cond_acc_j only where steps < j were correct.
 """
@@ -20,7 +20,7 @@ import torch
 
 from draftkit.core.errors import DraftkitError
 from draftkit.core.hardware import autocast_dtype
-from draftkit.drafts.acceptance import metrics_from_counts, shift
+from draftkit.drafts.acceptance import DeviceMetrics, shift
 from draftkit.drafts.lm_family import losses
 from draftkit.drafts.lm_family.model import DraftLM
 from draftkit.drafts.pard import layout
@@ -73,27 +73,25 @@ class PardLM(DraftLM):
         rows = torch.arange(ids.shape[0], device=ids.device)[:, None]  # [B, 1]
         loss = hidden.new_zeros((), dtype=torch.float32)
         counts, chain_ok, ce_total = {}, p.anchors >= 0, 0.0  # chain_ok [B, M]
+        # no host sync: the counts stay on the device until a metric is read
         for j in range(self.k):
             label_at, state_at, scored = layout.step_targets(ids, learn, p.anchors, j)  # [B, M]
-            loss_sum, kl_sum, ce_sum, hits = losses.LinearDistill.apply(
+            loss_sum, kl_sum, ce_sum, hits = losses.linear_distill(
                 self.slot_rows(hidden, p, j)[scored], head,  # [N, Hd]
                 batch["last"][rows, state_at][scored], ids[rows, label_at][scored],  # [N, H], [N]
                 self.target_norm, self.target_lm_head, self.eps, self.ce_weight, self.divergence,
                 self.chunk, dtype)
-            n = int(scored.sum())
-            loss = loss + loss_sum / max(1, n) / self.k
+            n = scored.sum()
+            loss = loss + loss_sum / n.clamp(min=1) / self.k
             correct = torch.zeros_like(scored)
             correct[scored] = hits
             cond = scored & chain_ok
-            counts.update({f"n_{j}": float(n), f"correct_{j}": float(correct.sum()),
-                           f"cond_n_{j}": float(cond.sum()),
-                           f"cond_correct_{j}": float((cond & correct).sum()),
-                           f"kl_sum_{j}": float(kl_sum), f"w_{j}": 1.0 / self.k})
+            counts.update({f"n_{j}": n, f"correct_{j}": correct.sum(), f"cond_n_{j}": cond.sum(),
+                           f"cond_correct_{j}": (cond & correct).sum(), f"kl_sum_{j}": kl_sum,
+                           f"w_{j}": 1.0 / self.k})
             chain_ok = chain_ok & correct
-            ce_total += float(ce_sum)
-        out = metrics_from_counts(counts)
-        out["ce"] = ce_total / max(1.0, sum(counts[f"n_{j}"] for j in range(self.k)))
-        return loss, out
+            ce_total = ce_total + ce_sum
+        return loss, DeviceMetrics({**counts, "ce_sum": ce_total}, losses.with_ce)
 
     # ----------------------------------------------------------------- refresh
 

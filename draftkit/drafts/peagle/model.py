@@ -14,7 +14,7 @@ Slot j's output never feeds another slot: hidden_out is unused.
 
 Training (teacher-forced, from the EAGLE-3 harvest: aux + last) unrolls the same thing over a
 whole sequence, every index t an anchor n=t, with EAGLE-3's TTT key layout and mask
-(layer.ttt_mask): step 0 is EAGLE-3's step 0; step j>0 at index t is slot j of anchor t, whose
+(layer.ttt_mask, TTTAttention): step 0 is EAGLE-3's step 0; step j>0 at index t is slot j of anchor t, whose
 query sees K^0[0..t] (the real context and slot 0) and K^1..K^j at t (its own earlier slots).
 Worked example, T=6, k=3, index t=1 (anchor n=1):
     step 0: token x_2,  hidden fuse(h_1),         position 1 -> predicts x_3, target last[2]
@@ -39,7 +39,7 @@ from draftkit.core.errors import DraftkitError
 from draftkit.drafts import acceptance
 from draftkit.drafts.eagle_family import format as eagle3_fmt
 from draftkit.drafts.eagle_family.format import DraftSpec
-from draftkit.drafts.eagle_family.layer import ttt_mask
+from draftkit.drafts.eagle_family.layer import TTTAttention
 from draftkit.drafts.eagle_family.model import CONFIG_FILE, WEIGHTS_FILE, Eagle3Draft
 from draftkit.drafts.eagle_family.vocab import DraftVocab
 from draftkit.drafts.peagle import format as fmt
@@ -116,7 +116,7 @@ class PEagleDraft(Eagle3Draft):
         valid = attention_mask.bool()  # [B, T]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, T]
         b, t = input_ids.shape
-        mask = ttt_mask(valid, self.ttt_steps)  # [B, 1, T, steps*T]
+        attention = TTTAttention(valid, self.ttt_steps)  # the keys each step's queries see
         mask_embed, mask_hidden = self.mask_inputs(b, t)  # [B, T, H] each
         keys = [[] for _ in self.layers]  # per layer: the K of steps 0..j
         values = [[] for _ in self.layers]
@@ -127,8 +127,7 @@ class PEagleDraft(Eagle3Draft):
             else:  # slot j: nothing of the draft's own earlier outputs
                 embeds, prenorm = mask_embed, mask_hidden
             cos, sin = self.rotary(positions + j, prenorm.dtype)  # position t+j
-            prenorm = self.ttt_layers(embeds, prenorm, cos, sin, keys, values,
-                                      mask[..., : (j + 1) * t])
+            prenorm = self.ttt_layers(embeds, prenorm, cos, sin, keys, values, attention, j)
             states.append(self.norm(prenorm))
         return states
 
