@@ -48,18 +48,39 @@ def _tick(run, urls) -> None:
 # ------------------------------------------------- N2: every engine that served it judges
 
 
-def test_a_version_that_passed_on_one_engine_is_not_condemned_by_another(run, monkeypatch):
+def test_a_version_that_failed_on_any_engine_is_failed_and_left_by_every_engine(
+        run, monkeypatch):
     # N2: A serves v0002, B was unreachable; the next tick pushes only to B, whose failure
-    # marked v0002 failed and moved `current` back while A still served it
+    # marked v0002 failed and moved `current` back while A still served it. The rule (what to
+    # build 3): failed on any engine that served it -> failed, and no engine is left on it
     store = DraftStore(run)
     store.set_current("v0002")
     _fake_swaps(monkeypatch, {A: None, B: "transport"})
     _push(run, [A, B])
+    assert store.checked() == "v0002"  # passed where it was measured
     _fake_swaps(monkeypatch, {A: None, B: "failed"})
-    _push(run, [B])
-    assert store.failure("v0002") is None and store.current() == "v0002"
+    out = _push(run, [B])
+    assert store.failure("v0002") is not None and store.current() == "v0001"
     assert engines.read(store)["verdicts"]["v0002"] == {A: "passed", B: "failed"}
-    assert store.checked() == "v0002" and os.readlink(store.root / "checked") == "v0002"
+    rec = engines.read(store)["engines"]
+    assert rec[A]["version"] == "v0001" and rec[A]["status"] == "serving"  # swapped back
+    assert out[A]["version"] == "v0001" and rec[B]["version"] == "v0001"
+    assert store.checked() == "v0001"  # what A passed again on the way back
+
+
+def test_current_walks_back_past_a_version_that_failed_on_some_engine(run, monkeypatch):
+    # issue 52: `current` goes back to the last version that passed on every engine that
+    # served it, not merely to one not marked failed (v0001 failed on B under the old rule,
+    # which left it unmarked because A passed it)
+    store = DraftStore(run)
+    record = engines.read(store)
+    record["verdicts"]["v0001"] = {A: "passed", B: "failed"}
+    engines._write(store, record)
+    store.set_current("v0002")
+    _fake_swaps(monkeypatch, {A: "failed"})
+    _push(run, [A])
+    assert store.failure("v0002") is not None and store.failure("v0001") is not None
+    assert store.current() is None  # the export serves
 
 
 def test_a_rollback_that_did_not_restore_still_carries_its_verdict(run, monkeypatch):
@@ -138,6 +159,35 @@ def test_a_crash_at_any_write_of_a_failing_push_is_finished_by_the_next_tick(
     assert store.failure("v0001") is None
     rec = engines.read(store)["engines"]
     assert all(rec[u]["version"] == "v0001" for u in (A, B))  # nobody serves the failed one
+
+
+@pytest.mark.parametrize("n", range(1, 16))  # 14 writes; 15: no crash
+def test_a_crash_at_any_write_of_a_swap_back_is_finished_by_the_next_tick(run, monkeypatch, n):
+    # issue 52: v0002 passes on A and fails on B: it is failed and A must go back to v0001;
+    # a crash anywhere in that (the verdicts, the mark, the swap back) is finished by the
+    # restarted watch: nobody is left serving v0002
+    store = DraftStore(run)
+    store.set_current("v0002")
+
+    def swap_engine(url, directory, *a, **k):
+        if url == A or os.path.basename(directory) == "v0001":
+            return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
+                    "path": "native"}
+        raise rollout_client.EngineError(url, "probe AL 1.000 <= minimum 1.2", "failed", True,
+                                         str(store.root / "v0001"), "v0001")
+    monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
+    with monkeypatch.context() as m:
+        seen = _crash_after(m, n)
+        try:
+            _push(run, [A, B])
+        except Crash:
+            pass
+    print(f"crashed after write {n}: {seen}")
+    _tick(run, [A, B])
+    _tick(run, [A, B])
+    assert store.failure("v0002") is not None and store.current() == "v0001"
+    rec = engines.read(store)["engines"]
+    assert all(rec[u]["version"] == "v0001" for u in (A, B))
 
 
 # ------------------------------------------------------------ N5: resolve under the lock

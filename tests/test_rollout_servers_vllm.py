@@ -230,22 +230,25 @@ def test_after_sleep_and_wake_the_check_reloads_only_a_lost_draft(world):
     assert _check(a, store.root / "v0001")["ok"]
 
 
-def test_watch_pushes_to_two_engines_and_rolls_back_the_broken_one(world):
-    a, b, store, run, tmp = world["a"], world["b"], world["store"], world["run"], world["tmp"]
+def test_a_version_one_engine_fails_is_failed_and_the_healthy_engine_goes_back(world):
+    # issue 52: a version that failed on any engine that served it is failed, and no engine is
+    # left serving it (before: A kept v0003 and it stayed current). B runs another policy, so
+    # its check fails; A passes v0003 and is swapped back to v0001
+    a, b, store, run = world["a"], world["b"], world["store"], world["run"]
     _publish(store, "v0003", store.root / "v0001")
     store.set_current("v0003")
-    (tmp / "ckpts").mkdir()
-    (tmp / "rollouts").mkdir()
-    cli.run(["watch", str(run), "--checkpoints", str(tmp / "ckpts"), "--rollouts",
-             str(tmp / "rollouts"), "--every", "10", "--engines", f"{a},{b}", "--once"])
+    with pytest.raises(engines.EngineSwapError, match="swapped back") as e:
+        cli.run(["swap", a, b, "--draft", str(store.root / "current")])
     rec = engines.read(store)["engines"]
     print(json.dumps(rec, indent=1)[:1500])
-    assert rec[a]["status"] == "serving" and rec[a]["version"] == "v0003"
+    assert b in str(e.value)
+    assert store.failure("v0003") is not None and store.current() == "v0001"
+    assert engines.read(store)["verdicts"]["v0003"] == {a: "passed", b: "failed"}
+    assert rec[a]["status"] == "serving" and rec[a]["version"] == "v0001"
+    assert _check(a, store.root / "v0001")["ok"]  # A is back on v0001, hash-checked
+    assert rollout_client.state(a)["draft_version"] == "v0001"
     assert rec[b]["status"] == "refused" and rec[b]["refused"] == "v0003"
     assert rec[b]["version"] == "export" and rec[b]["restored"] is True
     assert _check(b, artifacts.RunPaths(run).export)["ok"]  # B serves its previous draft
-    assert store.current() == "v0003" and store.failure("v0003") is None  # A took it
-    log = [json.loads(x) for x in (store.root / "watch-log.jsonl").read_text().splitlines()]
-    failed = [e for e in log if e["event"] == "engines_swap_failed"]
-    assert len(failed) == 1 and failed[0]["engines"] == {a: "serving", b: "refused"}
-    assert b in failed[0]["detail"]
+    back = [e for e in store.events() if e["event"] == "swap_back"]
+    assert back and back[-1]["engines"] == [a] and back[-1]["to"] == "v0001"
