@@ -362,3 +362,33 @@ def test_draftkit_swap_asks_the_engines_first(run, stub, monkeypatch):
     events = [e["event"] for e in store.events()]
     assert events.index("engine_observed") < events.index("engine_swapped")
     assert engines.read(store)["engines"][stub.url]["version"] == "v0002"
+
+
+def test_an_engine_serving_other_weights_under_the_recorded_name_is_pushed_again(run, stub,
+                                                                                monkeypatch):
+    # N6: the engine was asked its version and boot id only: weights that differ from the
+    # recorded version's (a refit overwrote the drafter, another dir named v0001) went unseen
+    from draftkit.serving import draft_info
+
+    store = DraftStore(run)
+    good = draft_info.weights_hash(store.lineage("v0001")["weights"])
+    record = engines.read(store)
+    record["engines"][stub.url] = {"version": "v0001", "status": "serving", "boot_id": "b1"}
+    engines._write(store, record)
+    state = {"ok": True, "draft_version": "v0001", "drafter_path": str(store.root / "v0001"),
+             "boot_id": "b1", "draft_hash": good, "txn": None}
+    stub.reply = (200, state)
+    assert engines.observe(store, [stub.url]) == []  # the published weights: as recorded
+    stub.reply = (200, {**state, "draft_hash": "0" * 64})
+    assert engines.observe(store, [stub.url]) == [stub.url]
+    rec = engines.read(store)["engines"][stub.url]
+    assert rec["status"] == "behind" and rec["hash"] == "0" * 64
+    assert not watch_mod._settled(rec, "v0001")  # pushed (so checked) again
+    _fake_swaps(monkeypatch, {stub.url: None})
+    monkeypatch.setattr(rollout_client, "swap_engine", lambda url, *a, **k: {
+        "al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
+        "path": "native", "draft_hash": good})
+    engines.push(run, [stub.url], store.root / "v0001")
+    assert engines.read(store)["engines"][stub.url]["hash"] == good  # recorded at the push
+    stub.reply = (200, state)
+    assert engines.observe(store, [stub.url]) == []

@@ -37,8 +37,9 @@ and status (`serving`; `refused`: its check failed there, not asked again for th
 `behind`: it serves an older version after a swap that decided nothing, retried after a
 backoff with jitter; `pending` while it still runs a transaction whose reply was lost;
 `unknown` when a rollback did not restore (its verdict still counts); `unreachable`. `observe`
-asks each engine what it serves (draft version, boot id) before a `draftkit swap` and every
-watch tick: an engine that restarted or serves another draft than recorded becomes `behind`. After a failure that decided nothing the version is what the
+asks each engine what it serves (draft version, the hash of its weight files, boot id) before a
+`draftkit swap` and every watch tick: an engine that restarted, or serves another version or
+other weights under the recorded version's name than recorded, becomes `behind`. After a failure that decided nothing the version is what the
 engine itself reports at /draftkit/state), every swap is
 an event in the refresh log, and `push` raises EngineSwapError naming every engine that does
 not serve the draft (the CLI exits 2). Only a measured failure (verdict `failed`: hashes that
@@ -57,7 +58,7 @@ from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import rollout_client
+from draftkit.serving import draft_info, rollout_client
 from draftkit.serving.drafter_swap import version_name
 
 ENGINES = "engines.json"
@@ -165,7 +166,8 @@ def _one(store, url, directory, version, cfg, check, candidates, reload_held) ->
                "verdict": "passed", "al": rep["al"], "swap_s": rep["swap_s"],
                "pause_s": rep["pause_s"], "probe_s": rep["probe_s"],
                "paused_at": rep.get("paused_at"), "loaded": rep["loaded"],
-               "transfer": rep["path"], "boot_id": rep.get("boot_id"), "time": now}
+               "transfer": rep["path"], "boot_id": rep.get("boot_id"),
+               "hash": rep.get("draft_hash"), "time": now}
         store.log("engine_swapped", url=url, version=version, al=rep["al"],
                   swap_s=rep["swap_s"], pause_s=rep["pause_s"], transfer=rep["path"])
     except rollout_client.EngineError as e:
@@ -226,7 +228,7 @@ def _engine_now(url: str) -> dict:
     version = st.get("draft_version") or (version_name(path) if path else None)
     running = txn.get("state") not in (None, *rollout_client.DONE)
     return {"version": version, "directory": path, "boot_id": st.get("boot_id"),
-            "status": "pending" if running else "behind"}
+            "hash": st.get("draft_hash"), "status": "pending" if running else "behind"}
 
 
 def _raise_unless_serving(version: str, results: dict) -> None:
@@ -290,23 +292,36 @@ def observe(store: DraftStore, urls: list[str]) -> list[str]:
             st = rollout_client.state(url, 10.0)
         except Exception:  # noqa: BLE001 - unreachable now: nothing learnt
             continue
-        path = st.get("drafter_path")
+        path, digest = st.get("drafter_path"), st.get("draft_hash")
         version, boot = st.get("draft_version") or (version_name(path) if path else None), \
             st.get("boot_id")
         with store.push_lock():
             record = read(store)
             old = record["engines"].get(url, {})
             rebooted = bool(old.get("boot_id") and boot and old["boot_id"] != boot)
-            if old.get("version") == version and not rebooted and old:
+            want = _expected_hash(store, old) if old.get("version") == version else None
+            other = bool(digest and want and digest != want)  # same name, other weights
+            if old.get("version") == version and not rebooted and not other and old:
                 continue
             record["engines"][url] = {**old, "version": version, "directory": path,
-                                      "boot_id": boot, "status": "behind", "retry_at": None,
-                                      "observed": now}
+                                      "boot_id": boot, "hash": digest, "status": "behind",
+                                      "retry_at": None, "observed": now}
             _write(store, record)
         store.log("engine_observed", url=url, version=version, recorded=old.get("version"),
-                  rebooted=rebooted)
+                  rebooted=rebooted, hash=digest, recorded_hash=want)
         changed.append(url)
     return changed
+
+
+def _expected_hash(store: DraftStore, rec: dict) -> str | None:
+    """The hash of what engines.json says the engine serves: the one it reported at its last
+    swap, else its version's published digests (lineage.json `weights`); None if unknown."""
+    if rec.get("hash"):
+        return rec["hash"]
+    version = rec.get("version")
+    if version and store.version_of(store.root / version):
+        return draft_info.weights_hash(store.lineage(version).get("weights"))
+    return None
 
 
 def settle(store: DraftStore, urls: list[str]) -> None:

@@ -49,6 +49,7 @@ import time
 import uuid
 from pathlib import Path
 
+from draftkit.serving import draft_info
 from draftkit.serving import drafter_swap as ds
 from draftkit.serving.counters import SpecCounters
 from draftkit.serving.drafter_swap import DraftSwapError
@@ -216,7 +217,9 @@ class Transactions:
                 "nothing was loaded. Publish a new version instead of editing one"))
         if (busy := await self._wait_unpaused(engine, args["pause_wait_s"])) is not None:
             return self._end(rec, "refused", "refused", error=busy)
-        rec = self._save({**rec, "state": "loading"})
+        digest = draft_info.weights_hash(args["weights"]) or \
+            await asyncio.to_thread(draft_info.dir_hash, args["directory"])
+        rec = self._save({**rec, "state": "loading", "draft_hash": digest})
         t0, paused_at = time.perf_counter(), time.time()
         await _bounded(engine.pause_generation(mode="keep", clear_cache=False), "pause")
         try:
