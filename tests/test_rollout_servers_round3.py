@@ -392,3 +392,40 @@ def test_an_engine_serving_other_weights_under_the_recorded_name_is_pushed_again
     assert engines.read(store)["engines"][stub.url]["hash"] == good  # recorded at the push
     stub.reply = (200, state)
     assert engines.observe(store, [stub.url]) == []
+
+
+# ------------------------------ N11, N1: draftkit's launchers (allow-list, priority policy)
+
+
+def test_draftkits_launcher_sets_the_allow_list_and_the_priority_policy(run, monkeypatch):
+    # N11: the allow-list existed only as an env var a user had to know; N1: servers started
+    # on fcfs, so probes queued behind rollouts
+    store = DraftStore(run)
+    _fake_swaps(monkeypatch, {A: None})
+    _push(run, [A], store.root / "v0001")  # checked: a server may start on it
+    argv = serve.command("target", store.root / "checked", 3)
+    assert argv[argv.index("--scheduling-policy") + 1] == "priority"
+    env = serve.environment("s", draft_dir=store.root / "checked")
+    assert env["DRAFTKIT_DRAFT_ROOTS"].split(os.pathsep) == [
+        os.path.realpath(run / "drafts"), os.path.realpath(run / "export")]
+    assert "DRAFTKIT_DRAFT_ROOTS" not in serve.environment("s")  # unknown: the server warns
+    seen = {}
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: seen.update(argv=argv, env=env))
+    serve.main(["target", "--draft", str(store.root / "checked"), "--port", "8123",
+                "--draftkit-draft-root", "/data/a", "--draftkit-draft-root", "/data/b",
+                "--max-num-seqs", "4"])
+    assert seen["env"]["DRAFTKIT_DRAFT_ROOTS"] == os.pathsep.join(["/data/a", "/data/b"])
+    assert seen["argv"][seen["argv"].index("--port") + 1] == "8123"
+    assert seen["argv"][-2:] == ["--max-num-seqs", "4"] and seen["env"]["VLLM_PLUGINS"]
+
+
+def test_an_engine_on_fcfs_is_an_event_once(run, monkeypatch):
+    # N1/N7: an engine whose probes queue behind rollouts was never named
+    store = DraftStore(run)
+    monkeypatch.setattr(rollout_client, "swap_engine", lambda url, *a, **k: {
+        "al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
+        "path": "native", "scheduling": "fcfs"})
+    for v in ("v0001", "v0002", "v0001"):
+        engines.push(run, [A], store.root / v)
+    said = [e for e in store.events() if e["event"] == "engine_probe_queues"]
+    assert len(said) == 1 and "--scheduling-policy priority" in said[0]["detail"]

@@ -360,3 +360,40 @@ def test_the_state_and_the_metrics_name_the_served_drafts_version_and_hash(fakes
     shown = [line for line in text.splitlines() if line.startswith(draft_info.METRIC + "{")]
     assert f'hash="{st["draft_hash"]}",version="v0002"}} 1.0' in "\n".join(shown), shown
     assert any('version="export"} 0.0' in line for line in shown)  # no longer served
+
+
+# ----------------------------------------------- N1, N7: probes ahead of queued rollouts
+
+
+class _Scheduled(Engine):
+    """The stand-in engine on a `--scheduling-policy`; records each probe's priority."""
+
+    def __init__(self, policy, **kw):
+        super().__init__(**kw)
+        self.vllm_config.scheduler_config = SimpleNamespace(policy=policy)
+        self.priorities = []
+
+    async def generate(self, prompt, params, request_id, priority=0):
+        self.priorities.append(priority)
+        async for out in super().generate(prompt, params, request_id):
+            yield out
+
+
+def test_probes_run_ahead_under_priority_and_fcfs_is_said_once(fakes, caplog):
+    # N1/N7: probes queued behind rollouts silently (a saturated engine timed out every probe);
+    # draftkit's launchers now start servers on the priority policy, and a server on fcfs says
+    # so, naming the fix, once
+    from draftkit.serving import swap_txn
+
+    engine = _Scheduled("priority")
+    out = _swap(engine, _body(fakes.draft, txn="t-prio"))
+    assert out["state"] == "committed" and out["scheduling"] == "priority"
+    assert engine.priorities and set(engine.priorities) == {swap_txn.PROBE_PRIORITY}
+    engine = _Scheduled("fcfs")
+    with caplog.at_level("WARNING", logger="draftkit.serving.swap_txn"):
+        for txn in ("t-fcfs-1", "t-fcfs-2"):
+            out = _swap(engine, _body(fakes.draft, txn=txn))
+            assert out["state"] == "committed" and out["scheduling"] == "fcfs"
+    assert set(engine.priorities) == {0}  # nothing to jump the queue with
+    said = [r for r in caplog.records if "--scheduling-policy priority" in r.getMessage()]
+    assert len(said) == 1

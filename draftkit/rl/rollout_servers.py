@@ -58,7 +58,7 @@ from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import draft_info, rollout_client
+from draftkit.serving import draft_info, rollout_client, swap_txn
 from draftkit.serving.drafter_swap import version_name
 
 ENGINES = "engines.json"
@@ -167,7 +167,7 @@ def _one(store, url, directory, version, cfg, check, candidates, reload_held) ->
                "pause_s": rep["pause_s"], "probe_s": rep["probe_s"],
                "paused_at": rep.get("paused_at"), "loaded": rep["loaded"],
                "transfer": rep["path"], "boot_id": rep.get("boot_id"),
-               "hash": rep.get("draft_hash"), "time": now}
+               "hash": rep.get("draft_hash"), "scheduling": rep.get("scheduling"), "time": now}
         store.log("engine_swapped", url=url, version=version, al=rep["al"],
                   swap_s=rep["swap_s"], pause_s=rep["pause_s"], transfer=rep["path"])
     except rollout_client.EngineError as e:
@@ -177,6 +177,10 @@ def _one(store, url, directory, version, cfg, check, candidates, reload_held) ->
             url, f"the push raised {type(e).__name__}: {str(e)[:300]}")
         rec = _failed_record(store, url, version, err, now, rc.poll_s)
     record = read(store)  # the engine's record and its verdict in one atomic write
+    policy = rec.get("scheduling")
+    if policy not in (None, "priority") and \
+            record["engines"].get(url, {}).get("scheduling") != policy:  # once per engine
+        store.log("engine_probe_queues", url=url, scheduling=policy, detail=swap_txn.FCFS_FIX)
     record["engines"][url] = rec
     if rec.get("verdict") in ("passed", "failed"):
         record["verdicts"].setdefault(version, {})[url] = rec["verdict"]
