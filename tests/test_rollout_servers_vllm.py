@@ -28,7 +28,7 @@ from draftkit import cli
 from draftkit.core import artifacts
 from draftkit.rl import rollout_servers as engines
 from draftkit.rl.publish import DraftStore
-from draftkit.serving import rollout_client, serve
+from draftkit.serving import draft_info, rollout_client, serve
 from draftkit.serving.drafter_swap import SECRET_ENV
 from draftkit.serving.rollout_routes import HEADER
 
@@ -99,7 +99,8 @@ def world(tmp_path_factory, trained_draft, tiny_target):
         argv = serve.command(target, artifacts.RunPaths(run).export, K, port=_port(),
                              dtype="float32", max_model_len=256,
                              extra=["--max-num-seqs", "16", "--seed", "0"])
-        servers.append(serve.Server(argv, serve.environment(SECRET, dev), tmp / f"{name}.log"))
+        env = serve.environment(SECRET, dev, draft_dir=artifacts.RunPaths(run).export)
+        servers.append(serve.Server(argv, env, tmp / f"{name}.log"))
     for s in servers:
         s.start()  # both start at once: their start-up overlaps
     try:
@@ -192,7 +193,16 @@ def test_swap_under_load_keeps_greedy_outputs_and_raises_al(world):
     assert all(out == ref[p] for p, out in load.answers)  # = no speculation, token for token
     assert res["status"] == "serving" and res["loaded"] and res["transfer"] == "native"
     assert before < 1.1 and res["al"] > 1.2 and res["al"] > before + 0.3
-    assert rollout_client.state(a)["draft_version"] == "v0001"
+    st = rollout_client.state(a)
+    assert st["draft_version"] == "v0001"
+    # N6: the engine names the weights it serves by hash, as lineage.json records them
+    digest = draft_info.weights_hash(store.lineage("v0001")["weights"])
+    assert st["draft_hash"] == digest == engines.read(store)["engines"][a]["hash"]
+    # N10: the draft's version is a metric on the engine's own /metrics
+    status, text = rollout_client.call(a, "GET", "/metrics", None, 30)
+    assert status == 200
+    assert f'draftkit_draft_info{{hash="{digest}",version="v0001"}} 1.0' in text
+    assert 'version="export"} 0.0' in text  # the draft it started on, no longer served
     # N10: vLLM's weight version (on every output) is the policy's: draftkit leaves it alone
     assert rollout_client.call(a, "GET", "/weight_info", None, 30)[1]["weight_version"] != "v0001"
     assert engines.read(store)["engines"][a]["version"] == "v0001"
