@@ -262,3 +262,5 @@ def test_a_version_one_engine_fails_is_failed_and_the_healthy_engine_goes_back(w
     assert _check(b, artifacts.RunPaths(run).export)["ok"]  # B serves its previous draft
     back = [e for e in store.events() if e["event"] == "swap_back"]
     assert back and back[-1]["engines"] == [a] and back[-1]["to"] == "v0001"
+    for s in world["servers"]:  # N11: after every swap of this module, no server logged it
+        assert SECRET not in s.log.read_text(errors="replace")
