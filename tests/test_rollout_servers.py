@@ -144,19 +144,25 @@ def _fake_swaps(monkeypatch, verdicts: dict):
     monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
 
 
-def test_one_engine_of_two_fails_each_records_its_own(run, monkeypatch):
+def test_one_engine_of_two_fails_the_version_fails_and_both_go_back(run, monkeypatch):
+    # issue 52 (what to build 3): a version that failed on any engine that served it is failed,
+    # and no engine is left serving it: the engine that passed it is swapped back too (before,
+    # each engine kept its own version and v0002 stayed current)
     a, b = "http://a:1", "http://b:2"
     _fake_swaps(monkeypatch, {a: None, b: "failed"})
     store = DraftStore(run)
     store.set_current("v0002")
-    with pytest.raises(engines.EngineSwapError, match="1 of 2 engines do not serve v0002") as e:
+    with pytest.raises(engines.EngineSwapError, match="2 of 2 engines do not serve v0002") as e:
         engines.push(run, [a, b])
-    assert b in str(e.value) and a not in str(e.value).split("v0002:")[1]
+    assert b in str(e.value) and "swapped back" in str(e.value)
     rec = engines.read(store)["engines"]
-    assert rec[a]["version"] == "v0002" and rec[a]["status"] == "serving"
+    assert rec[a]["version"] == "v0001" and rec[a]["status"] == "serving"
     assert rec[b] == {**rec[b], "version": "v0001", "status": "refused", "refused": "v0002",
                       "restored": True}
-    assert store.current() == "v0002" and store.failure("v0002") is None  # a took it
+    assert store.current() == "v0001" and store.failure("v0002") is not None
+    assert engines.read(store)["verdicts"]["v0001"] == {a: "passed"}
+    back = [e for e in store.events() if e["event"] == "swap_back"]
+    assert back == [{**back[0], "version": "v0002", "to": "v0001", "engines": [a]}]
 
 
 def test_a_long_error_keeps_its_verdict_and_restored_tail(run, monkeypatch):
@@ -273,4 +279,5 @@ def test_routes_pause_and_always_resume_behind_the_secret(monkeypatch, tmp_path)
     r = client.post("/draftkit/swap", json={"directory": str(tmp_path), "probes": [[1, 2]],
                                             "min_al": 1.2}, headers=ok)
     assert r.status_code == 409 and r.json()["verdict"] == "refused"  # no dir holds its weights
-    assert calls[0] == "pause keep" and calls[-1] == "resume"
+    engine_side = [c for c in calls if c != "draftkit_drafter_path"]  # the metric's read after
+    assert engine_side[0] == "pause keep" and engine_side[-1] == "resume"

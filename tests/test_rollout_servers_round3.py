@@ -48,18 +48,39 @@ def _tick(run, urls) -> None:
 # ------------------------------------------------- N2: every engine that served it judges
 
 
-def test_a_version_that_passed_on_one_engine_is_not_condemned_by_another(run, monkeypatch):
+def test_a_version_that_failed_on_any_engine_is_failed_and_left_by_every_engine(
+        run, monkeypatch):
     # N2: A serves v0002, B was unreachable; the next tick pushes only to B, whose failure
-    # marked v0002 failed and moved `current` back while A still served it
+    # marked v0002 failed and moved `current` back while A still served it. The rule (what to
+    # build 3): failed on any engine that served it -> failed, and no engine is left on it
     store = DraftStore(run)
     store.set_current("v0002")
     _fake_swaps(monkeypatch, {A: None, B: "transport"})
     _push(run, [A, B])
+    assert store.checked() == "v0002"  # passed where it was measured
     _fake_swaps(monkeypatch, {A: None, B: "failed"})
-    _push(run, [B])
-    assert store.failure("v0002") is None and store.current() == "v0002"
+    out = _push(run, [B])
+    assert store.failure("v0002") is not None and store.current() == "v0001"
     assert engines.read(store)["verdicts"]["v0002"] == {A: "passed", B: "failed"}
-    assert store.checked() == "v0002" and os.readlink(store.root / "checked") == "v0002"
+    rec = engines.read(store)["engines"]
+    assert rec[A]["version"] == "v0001" and rec[A]["status"] == "serving"  # swapped back
+    assert out[A]["version"] == "v0001" and rec[B]["version"] == "v0001"
+    assert store.checked() == "v0001"  # what A passed again on the way back
+
+
+def test_current_walks_back_past_a_version_that_failed_on_some_engine(run, monkeypatch):
+    # issue 52: `current` goes back to the last version that passed on every engine that
+    # served it, not merely to one not marked failed (v0001 failed on B under the old rule,
+    # which left it unmarked because A passed it)
+    store = DraftStore(run)
+    record = engines.read(store)
+    record["verdicts"]["v0001"] = {A: "passed", B: "failed"}
+    engines._write(store, record)
+    store.set_current("v0002")
+    _fake_swaps(monkeypatch, {A: "failed"})
+    _push(run, [A])
+    assert store.failure("v0002") is not None and store.failure("v0001") is not None
+    assert store.current() is None  # the export serves
 
 
 def test_a_rollback_that_did_not_restore_still_carries_its_verdict(run, monkeypatch):
@@ -138,6 +159,35 @@ def test_a_crash_at_any_write_of_a_failing_push_is_finished_by_the_next_tick(
     assert store.failure("v0001") is None
     rec = engines.read(store)["engines"]
     assert all(rec[u]["version"] == "v0001" for u in (A, B))  # nobody serves the failed one
+
+
+@pytest.mark.parametrize("n", range(1, 16))  # 14 writes; 15: no crash
+def test_a_crash_at_any_write_of_a_swap_back_is_finished_by_the_next_tick(run, monkeypatch, n):
+    # issue 52: v0002 passes on A and fails on B: it is failed and A must go back to v0001;
+    # a crash anywhere in that (the verdicts, the mark, the swap back) is finished by the
+    # restarted watch: nobody is left serving v0002
+    store = DraftStore(run)
+    store.set_current("v0002")
+
+    def swap_engine(url, directory, *a, **k):
+        if url == A or os.path.basename(directory) == "v0001":
+            return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
+                    "path": "native"}
+        raise rollout_client.EngineError(url, "probe AL 1.000 <= minimum 1.2", "failed", True,
+                                         str(store.root / "v0001"), "v0001")
+    monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
+    with monkeypatch.context() as m:
+        seen = _crash_after(m, n)
+        try:
+            _push(run, [A, B])
+        except Crash:
+            pass
+    print(f"crashed after write {n}: {seen}")
+    _tick(run, [A, B])
+    _tick(run, [A, B])
+    assert store.failure("v0002") is not None and store.current() == "v0001"
+    rec = engines.read(store)["engines"]
+    assert all(rec[u]["version"] == "v0001" for u in (A, B))
 
 
 # ------------------------------------------------------------ N5: resolve under the lock
@@ -312,3 +362,70 @@ def test_draftkit_swap_asks_the_engines_first(run, stub, monkeypatch):
     events = [e["event"] for e in store.events()]
     assert events.index("engine_observed") < events.index("engine_swapped")
     assert engines.read(store)["engines"][stub.url]["version"] == "v0002"
+
+
+def test_an_engine_serving_other_weights_under_the_recorded_name_is_pushed_again(run, stub,
+                                                                                monkeypatch):
+    # N6: the engine was asked its version and boot id only: weights that differ from the
+    # recorded version's (a refit overwrote the drafter, another dir named v0001) went unseen
+    from draftkit.serving import draft_info
+
+    store = DraftStore(run)
+    good = draft_info.weights_hash(store.lineage("v0001")["weights"])
+    record = engines.read(store)
+    record["engines"][stub.url] = {"version": "v0001", "status": "serving", "boot_id": "b1"}
+    engines._write(store, record)
+    state = {"ok": True, "draft_version": "v0001", "drafter_path": str(store.root / "v0001"),
+             "boot_id": "b1", "draft_hash": good, "txn": None}
+    stub.reply = (200, state)
+    assert engines.observe(store, [stub.url]) == []  # the published weights: as recorded
+    stub.reply = (200, {**state, "draft_hash": "0" * 64})
+    assert engines.observe(store, [stub.url]) == [stub.url]
+    rec = engines.read(store)["engines"][stub.url]
+    assert rec["status"] == "behind" and rec["hash"] == "0" * 64
+    assert not watch_mod._settled(rec, "v0001")  # pushed (so checked) again
+    _fake_swaps(monkeypatch, {stub.url: None})
+    monkeypatch.setattr(rollout_client, "swap_engine", lambda url, *a, **k: {
+        "al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
+        "path": "native", "draft_hash": good})
+    engines.push(run, [stub.url], store.root / "v0001")
+    assert engines.read(store)["engines"][stub.url]["hash"] == good  # recorded at the push
+    stub.reply = (200, state)
+    assert engines.observe(store, [stub.url]) == []
+
+
+# ------------------------------ N11, N1: draftkit's launchers (allow-list, priority policy)
+
+
+def test_draftkits_launcher_sets_the_allow_list_and_the_priority_policy(run, monkeypatch):
+    # N11: the allow-list existed only as an env var a user had to know; N1: servers started
+    # on fcfs, so probes queued behind rollouts
+    store = DraftStore(run)
+    _fake_swaps(monkeypatch, {A: None})
+    _push(run, [A], store.root / "v0001")  # checked: a server may start on it
+    argv = serve.command("target", store.root / "checked", 3)
+    assert argv[argv.index("--scheduling-policy") + 1] == "priority"
+    env = serve.environment("s", draft_dir=store.root / "checked")
+    assert env["DRAFTKIT_DRAFT_ROOTS"].split(os.pathsep) == [
+        os.path.realpath(run / "drafts"), os.path.realpath(run / "export")]
+    assert "DRAFTKIT_DRAFT_ROOTS" not in serve.environment("s")  # unknown: the server warns
+    seen = {}
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: seen.update(argv=argv, env=env))
+    serve.main(["target", "--draft", str(store.root / "checked"), "--port", "8123",
+                "--draftkit-draft-root", "/data/a", "--draftkit-draft-root", "/data/b",
+                "--max-num-seqs", "4"])
+    assert seen["env"]["DRAFTKIT_DRAFT_ROOTS"] == os.pathsep.join(["/data/a", "/data/b"])
+    assert seen["argv"][seen["argv"].index("--port") + 1] == "8123"
+    assert seen["argv"][-2:] == ["--max-num-seqs", "4"] and seen["env"]["VLLM_PLUGINS"]
+
+
+def test_an_engine_on_fcfs_is_an_event_once(run, monkeypatch):
+    # N1/N7: an engine whose probes queue behind rollouts was never named
+    store = DraftStore(run)
+    monkeypatch.setattr(rollout_client, "swap_engine", lambda url, *a, **k: {
+        "al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
+        "path": "native", "scheduling": "fcfs"})
+    for v in ("v0001", "v0002", "v0001"):
+        engines.push(run, [A], store.root / v)
+    said = [e for e in store.events() if e["event"] == "engine_probe_queues"]
+    assert len(said) == 1 and "--scheduling-policy priority" in said[0]["detail"]

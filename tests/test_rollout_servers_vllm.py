@@ -28,7 +28,7 @@ from draftkit import cli
 from draftkit.core import artifacts
 from draftkit.rl import rollout_servers as engines
 from draftkit.rl.publish import DraftStore
-from draftkit.serving import rollout_client, serve
+from draftkit.serving import draft_info, rollout_client, serve
 from draftkit.serving.drafter_swap import SECRET_ENV
 from draftkit.serving.rollout_routes import HEADER
 
@@ -99,7 +99,8 @@ def world(tmp_path_factory, trained_draft, tiny_target):
         argv = serve.command(target, artifacts.RunPaths(run).export, K, port=_port(),
                              dtype="float32", max_model_len=256,
                              extra=["--max-num-seqs", "16", "--seed", "0"])
-        servers.append(serve.Server(argv, serve.environment(SECRET, dev), tmp / f"{name}.log"))
+        env = serve.environment(SECRET, dev, draft_dir=artifacts.RunPaths(run).export)
+        servers.append(serve.Server(argv, env, tmp / f"{name}.log"))
     for s in servers:
         s.start()  # both start at once: their start-up overlaps
     try:
@@ -192,7 +193,16 @@ def test_swap_under_load_keeps_greedy_outputs_and_raises_al(world):
     assert all(out == ref[p] for p, out in load.answers)  # = no speculation, token for token
     assert res["status"] == "serving" and res["loaded"] and res["transfer"] == "native"
     assert before < 1.1 and res["al"] > 1.2 and res["al"] > before + 0.3
-    assert rollout_client.state(a)["draft_version"] == "v0001"
+    st = rollout_client.state(a)
+    assert st["draft_version"] == "v0001"
+    # N6: the engine names the weights it serves by hash, as lineage.json records them
+    digest = draft_info.weights_hash(store.lineage("v0001")["weights"])
+    assert st["draft_hash"] == digest == engines.read(store)["engines"][a]["hash"]
+    # N10: the draft's version is a metric on the engine's own /metrics
+    status, text = rollout_client.call(a, "GET", "/metrics", None, 30)
+    assert status == 200
+    assert f'draftkit_draft_info{{hash="{digest}",version="v0001"}} 1.0' in text
+    assert 'version="export"} 0.0' in text  # the draft it started on, no longer served
     # N10: vLLM's weight version (on every output) is the policy's: draftkit leaves it alone
     assert rollout_client.call(a, "GET", "/weight_info", None, 30)[1]["weight_version"] != "v0001"
     assert engines.read(store)["engines"][a]["version"] == "v0001"
@@ -230,22 +240,27 @@ def test_after_sleep_and_wake_the_check_reloads_only_a_lost_draft(world):
     assert _check(a, store.root / "v0001")["ok"]
 
 
-def test_watch_pushes_to_two_engines_and_rolls_back_the_broken_one(world):
-    a, b, store, run, tmp = world["a"], world["b"], world["store"], world["run"], world["tmp"]
+def test_a_version_one_engine_fails_is_failed_and_the_healthy_engine_goes_back(world):
+    # issue 52: a version that failed on any engine that served it is failed, and no engine is
+    # left serving it (before: A kept v0003 and it stayed current). B runs another policy, so
+    # its check fails; A passes v0003 and is swapped back to v0001
+    a, b, store, run = world["a"], world["b"], world["store"], world["run"]
     _publish(store, "v0003", store.root / "v0001")
     store.set_current("v0003")
-    (tmp / "ckpts").mkdir()
-    (tmp / "rollouts").mkdir()
-    cli.run(["watch", str(run), "--checkpoints", str(tmp / "ckpts"), "--rollouts",
-             str(tmp / "rollouts"), "--every", "10", "--engines", f"{a},{b}", "--once"])
+    with pytest.raises(engines.EngineSwapError, match="swapped back") as e:
+        cli.run(["swap", a, b, "--draft", str(store.root / "current")])
     rec = engines.read(store)["engines"]
     print(json.dumps(rec, indent=1)[:1500])
-    assert rec[a]["status"] == "serving" and rec[a]["version"] == "v0003"
+    assert b in str(e.value)
+    assert store.failure("v0003") is not None and store.current() == "v0001"
+    assert engines.read(store)["verdicts"]["v0003"] == {a: "passed", b: "failed"}
+    assert rec[a]["status"] == "serving" and rec[a]["version"] == "v0001"
+    assert _check(a, store.root / "v0001")["ok"]  # A is back on v0001, hash-checked
+    assert rollout_client.state(a)["draft_version"] == "v0001"
     assert rec[b]["status"] == "refused" and rec[b]["refused"] == "v0003"
     assert rec[b]["version"] == "export" and rec[b]["restored"] is True
     assert _check(b, artifacts.RunPaths(run).export)["ok"]  # B serves its previous draft
-    assert store.current() == "v0003" and store.failure("v0003") is None  # A took it
-    log = [json.loads(x) for x in (store.root / "watch-log.jsonl").read_text().splitlines()]
-    failed = [e for e in log if e["event"] == "engines_swap_failed"]
-    assert len(failed) == 1 and failed[0]["engines"] == {a: "serving", b: "refused"}
-    assert b in failed[0]["detail"]
+    back = [e for e in store.events() if e["event"] == "swap_back"]
+    assert back and back[-1]["engines"] == [a] and back[-1]["to"] == "v0001"
+    for s in world["servers"]:  # N11: after every swap of this module, no server logged it
+        assert SECRET not in s.log.read_text(errors="replace")

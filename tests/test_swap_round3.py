@@ -308,3 +308,92 @@ def test_files_changed_since_publish_are_refused_before_loading(fakes):
     save_file({"w": torch.ones(2)}, str(fakes.draft / "model.safetensors"))
     assert _swap(Engine(), _body(fakes.draft, weights={"model.safetensors": digest}))[
         "verdict"] == "passed"
+
+
+# -------------------------------------- N6, N10: the draft's hash and version where asked
+
+
+class _Serving(Engine):
+    """The stand-in engine, its drafter loaded from `drafter` (a real dir)."""
+
+    def __init__(self, drafter, **kw):
+        super().__init__(**kw)
+        self.drafter = drafter
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        if method == "draftkit_drafter_path":
+            self.calls.append(method)
+            return [str(self.drafter)]
+        return await super().collective_rpc(method, timeout, args, kwargs)
+
+
+def test_the_state_and_the_metrics_name_the_served_drafts_version_and_hash(fakes):
+    # N6: /draftkit/state said version and boot id but no hash, so an engine serving other
+    # weights under the recorded name went unnoticed; N10: the draft's version was in no
+    # metric once vLLM's weight version went back to the policy
+    from fastapi.testclient import TestClient
+    from prometheus_client import REGISTRY, generate_latest
+    from safetensors.torch import save_file
+
+    from draftkit.core.artifacts import sha256_file
+    from draftkit.serving import draft_info
+
+    start = fakes.tmp / "export"
+    start.mkdir()
+    save_file({"w": torch.zeros(2)}, str(start / "model.safetensors"))
+    save_file({"w": torch.ones(2)}, str(fakes.draft / "model.safetensors"))
+    weights = {"model.safetensors": sha256_file(fakes.draft / "model.safetensors")}
+    engine = _Serving(start)
+    app, _ = _app(engine)
+    with TestClient(app) as client:
+        st = client.get("/draftkit/state", headers=OK).json()
+        assert st["draft_version"] == "export"
+        assert st["draft_hash"] == draft_info.weights_hash(draft_info.file_digests(start))
+        out = client.post("/draftkit/swap", json=_body(fakes.draft, txn="t-hash",
+                                                       weights=weights), headers=OK).json()
+        assert out["state"] == "committed" and out["draft_hash"] == draft_info.weights_hash(
+            weights)
+        engine.drafter = fakes.draft  # what the fake load did
+        st = client.get("/draftkit/state", headers=OK).json()
+    assert (st["draft_version"], st["draft_hash"]) == ("v0002", draft_info.weights_hash(weights))
+    text = generate_latest(REGISTRY).decode()
+    shown = [line for line in text.splitlines() if line.startswith(draft_info.METRIC + "{")]
+    assert f'hash="{st["draft_hash"]}",version="v0002"}} 1.0' in "\n".join(shown), shown
+    assert any('version="export"} 0.0' in line for line in shown)  # no longer served
+
+
+# ----------------------------------------------- N1, N7: probes ahead of queued rollouts
+
+
+class _Scheduled(Engine):
+    """The stand-in engine on a `--scheduling-policy`; records each probe's priority."""
+
+    def __init__(self, policy, **kw):
+        super().__init__(**kw)
+        self.vllm_config.scheduler_config = SimpleNamespace(policy=policy)
+        self.priorities = []
+
+    async def generate(self, prompt, params, request_id, priority=0):
+        self.priorities.append(priority)
+        async for out in super().generate(prompt, params, request_id):
+            yield out
+
+
+def test_probes_run_ahead_under_priority_and_fcfs_is_said_once(fakes, caplog):
+    # N1/N7: probes queued behind rollouts silently (a saturated engine timed out every probe);
+    # draftkit's launchers now start servers on the priority policy, and a server on fcfs says
+    # so, naming the fix, once
+    from draftkit.serving import swap_txn
+
+    engine = _Scheduled("priority")
+    out = _swap(engine, _body(fakes.draft, txn="t-prio"))
+    assert out["state"] == "committed" and out["scheduling"] == "priority"
+    assert engine.priorities and set(engine.priorities) == {swap_txn.PROBE_PRIORITY}
+    engine = _Scheduled("fcfs")
+    with caplog.at_level("WARNING", logger="draftkit.serving.swap_txn"):
+        for txn in ("t-fcfs-1", "t-fcfs-2"):
+            out = _swap(engine, _body(fakes.draft, txn=txn))
+            assert out["state"] == "committed" and out["scheduling"] == "fcfs"
+    assert set(engine.priorities) == {0}  # nothing to jump the queue with
+    said = [r for r in caplog.records if "--scheduling-policy priority" in r.getMessage()]
+    assert len(said) == 1

@@ -18,25 +18,28 @@ processes: the watch and an operator's `draftkit swap` take turns). `drafts/engi
      "verdicts": {"v0007": {"http://10.0.0.5:8000": "passed",
                             "http://10.0.0.6:8000": "failed"}}}
 
-When one engine of several fails, each engine keeps and records its own version: the engines
-that passed serve the new draft, the one that failed serves its previous draft (restored and
-hash-checked) and says why. Rolling every engine back would trade the speed of the healthy
-ones for a fault that is usually the engine's own (its files, its memory), and would need as
-many more swaps, each able to fail. A version is judged over every engine that measured it,
-in this push or an earlier one (`verdicts`; each engine's record and verdict are one atomic
-write, and every push and watch tick first judges the current version again, so a crash
-between the records and the judgement is finished by the next tick). Passed on any engine:
-never condemned, and `checked` (publish.py: `drafts/checked`, what servers start on). Failed
-on every engine that measured it: the draft's fault, the version is marked failed and
-`current` goes back to the version the engines still serve (publish.py).
+A version that failed on any engine that served it is failed (issue 52's rule): engines
+record their own verdicts (`verdicts`: measured ones only), and a `failed` on any of them marks
+the version failed (publish.py), moves `current` back to the newest older version that failed
+on no engine (else the export), and pushes that one into every engine that passed the failed
+version (`swap_back`), so that no engine is left serving it; the engines that failed it have
+their previous draft back already (restored and hash-checked). Passed on every engine that
+measured it: `checked` (publish.py: `drafts/checked`, what servers start on). Each engine's
+record and verdict are one atomic write, and every push and watch tick first judges the
+current version again, so a crash between the records and the judgement, or before the swap
+back, is finished by the next tick (the watch pushes the current version into every engine
+that does not serve it). The rule trades speed for one answer: an engine whose check fails
+every draft (it runs another policy, its files are broken) walks `current` back to the export;
+engines.json and the `failed` events name it.
 
 The store and the engines never disagree silently: engines.json names each engine's version
 and status (`serving`; `refused`: its check failed there, not asked again for that version;
 `behind`: it serves an older version after a swap that decided nothing, retried after a
 backoff with jitter; `pending` while it still runs a transaction whose reply was lost;
 `unknown` when a rollback did not restore (its verdict still counts); `unreachable`. `observe`
-asks each engine what it serves (draft version, boot id) before a `draftkit swap` and every
-watch tick: an engine that restarted or serves another draft than recorded becomes `behind`. After a failure that decided nothing the version is what the
+asks each engine what it serves (draft version, the hash of its weight files, boot id) before a
+`draftkit swap` and every watch tick: an engine that restarted, or serves another version or
+other weights under the recorded version's name than recorded, becomes `behind`. After a failure that decided nothing the version is what the
 engine itself reports at /draftkit/state), every swap is
 an event in the refresh log, and `push` raises EngineSwapError naming every engine that does
 not serve the draft (the CLI exits 2). Only a measured failure (verdict `failed`: hashes that
@@ -55,7 +58,7 @@ from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import rollout_client
+from draftkit.serving import draft_info, rollout_client, swap_txn
 from draftkit.serving.drafter_swap import version_name
 
 ENGINES = "engines.json"
@@ -106,7 +109,6 @@ def push(run_dir, urls: list[str], draft: str | Path | None = None,
     rollout_client.secret()  # a missing secret fails before anything is read
     refresher = DraftRefresher(run_dir, overrides)
     store, cfg = refresher.store, refresher.cfg
-    results = {}
     with store.push_lock(timeout=cfg.refresh.engine_timeout_s * 2 * (len(urls) + 1)):
         settle(store, urls)  # a verdict a crash left unjudged is judged first
         directory = Path(os.path.realpath(draft or store.current_dir()))
@@ -114,14 +116,41 @@ def push(run_dir, urls: list[str], draft: str | Path | None = None,
         if (failed := store.failure(version) if store.version_of(directory) else None):
             raise DraftkitError(f"{version} is marked failed ({failed.get('reason', '')[:200]}); "
                                 "nothing was pushed. Refresh again, or push a good version")
-        probes = refresher.probes(store.version_of(directory))
-        weights = store.lineage(version).get("weights") if store.version_of(directory) else None
-        candidates = [store.root / v for v in reversed(store.versions())]
-        candidates.append(artifacts.RunPaths(store.run).export)
-        for url in urls:
-            results[url] = _one(store, url, directory, version, cfg, (probes, weights),
-                                candidates, reload_held)
-        _judge(store, version, results)
+        results = _push_all(refresher, urls, directory, reload_held)
+        if judge(store, version, urls) == "failed":  # the engines that passed it go back too
+            results.update(swap_back(refresher, version))
+    _raise_unless_serving(version, results)
+    return results
+
+
+def _push_all(refresher: DraftRefresher, urls: list[str], directory: Path,
+              reload_held: bool) -> dict:
+    """Swap `directory` into each engine in turn, each recorded (`_one`); {url: record}."""
+    store, cfg = refresher.store, refresher.cfg
+    version = store.version_of(directory) or version_name(directory)
+    probes = refresher.probes(store.version_of(directory))
+    weights = store.lineage(version).get("weights") if store.version_of(directory) else None
+    candidates = [store.root / v for v in reversed(store.versions())]
+    candidates.append(artifacts.RunPaths(store.run).export)
+    return {url: _one(store, url, directory, version, cfg, (probes, weights), candidates,
+                      reload_held) for url in urls}
+
+
+def swap_back(refresher: DraftRefresher, failed: str) -> dict:
+    """After `failed` was marked failed: push the new current (the export when none) into
+    every engine engines.json records serving `failed` (those that passed it), so that none
+    is left on a failed version; a swap back that does not pass is that engine's record, and
+    the next push or watch tick tries again. Returns {url: record}."""
+    store = refresher.store
+    serving = sorted(u for u, r in read(store)["engines"].items()
+                     if r.get("status") == "serving" and r.get("version") == failed)
+    if not serving:
+        return {}
+    directory = Path(os.path.realpath(store.current_dir()))
+    back = store.version_of(directory) or version_name(directory)
+    store.log("swap_back", version=failed, to=back, engines=serving)
+    results = _push_all(refresher, serving, directory, False)
+    judge(store, back, serving)
     return results
 
 
@@ -137,7 +166,8 @@ def _one(store, url, directory, version, cfg, check, candidates, reload_held) ->
                "verdict": "passed", "al": rep["al"], "swap_s": rep["swap_s"],
                "pause_s": rep["pause_s"], "probe_s": rep["probe_s"],
                "paused_at": rep.get("paused_at"), "loaded": rep["loaded"],
-               "transfer": rep["path"], "boot_id": rep.get("boot_id"), "time": now}
+               "transfer": rep["path"], "boot_id": rep.get("boot_id"),
+               "hash": rep.get("draft_hash"), "scheduling": rep.get("scheduling"), "time": now}
         store.log("engine_swapped", url=url, version=version, al=rep["al"],
                   swap_s=rep["swap_s"], pause_s=rep["pause_s"], transfer=rep["path"])
     except rollout_client.EngineError as e:
@@ -147,6 +177,10 @@ def _one(store, url, directory, version, cfg, check, candidates, reload_held) ->
             url, f"the push raised {type(e).__name__}: {str(e)[:300]}")
         rec = _failed_record(store, url, version, err, now, rc.poll_s)
     record = read(store)  # the engine's record and its verdict in one atomic write
+    policy = rec.get("scheduling")
+    if policy not in (None, "priority") and \
+            record["engines"].get(url, {}).get("scheduling") != policy:  # once per engine
+        store.log("engine_probe_queues", url=url, scheduling=policy, detail=swap_txn.FCFS_FIX)
     record["engines"][url] = rec
     if rec.get("verdict") in ("passed", "failed"):
         record["verdicts"].setdefault(version, {})[url] = rec["verdict"]
@@ -198,46 +232,56 @@ def _engine_now(url: str) -> dict:
     version = st.get("draft_version") or (version_name(path) if path else None)
     running = txn.get("state") not in (None, *rollout_client.DONE)
     return {"version": version, "directory": path, "boot_id": st.get("boot_id"),
-            "status": "pending" if running else "behind"}
+            "hash": st.get("draft_hash"), "status": "pending" if running else "behind"}
 
 
-def _judge(store: DraftStore, version: str, results: dict) -> None:
-    """Judge `version` over every engine that measured it (verdicts), then EngineSwapError
-    naming the engines of this push that do not serve it."""
-    judge(store, version, list(results))
-    bad = {u: r for u, r in results.items() if r["status"] != "serving"}
+def _raise_unless_serving(version: str, results: dict) -> None:
+    """EngineSwapError naming the engines of this push that do not serve `version`."""
+    bad = {u: r for u, r in results.items()
+           if r["status"] != "serving" or r.get("version") != version}
     if not bad:
         return
-    lines = "; ".join(f"{u}: {r['status']} ({_brief(r['error'])})" for u, r in bad.items())
+    lines = "; ".join(f"{u}: {r['status']} {r.get('version') or ''} "
+                      f"({_brief(r.get('error') or 'swapped back: ' + version + ' failed')})"
+                      for u, r in bad.items())
     raise EngineSwapError(f"{len(bad)} of {len(results)} engines do not serve {version}: "
                           f"{lines}. drafts/engines.json records what each one serves", results)
 
 
 def judge(store: DraftStore, version: str, urls: list[str]) -> str | None:
     """The store's verdict on `version` from every engine's measured verdict (engines.json
-    `verdicts`: this push's and earlier ones'): passed on any engine -> checked (never marked
-    failed: the engines that failed keep their previous draft); failed on every engine among
-    `urls` and those with a verdict -> marked failed, `current` back to what they serve.
+    `verdicts`: this push's and earlier ones'). Failed on any engine that served it -> marked
+    failed, `current` back to the newest older version that failed on no engine (`fallback`;
+    none: the export); `push` then swaps the engines that passed it back (`swap_back`), and the
+    watch's next tick any it missed. Passed on every engine that measured it -> checked.
     Idempotent: a crash between the records and the mark is finished by the next call."""
     record = read(store)
     verdicts = record["verdicts"].get(version, {})
     if not store.version_of(store.root / version) or not verdicts:
         return None
-    if "passed" in verdicts.values():
-        store.mark_checked(version, engines=sorted(u for u, v in verdicts.items()
-                                                   if v == "passed"))
+    if "failed" not in verdicts.values():
+        store.mark_checked(version, engines=sorted(verdicts))
         return "passed"
-    asked = set(urls) | set(verdicts)
-    if any(verdicts.get(u) != "failed" for u in asked) or store.failure(version):
-        return None
-    engines = record["engines"]
-    back = next((engines[u].get("version") for u in sorted(asked)
-                 if engines.get(u, {}).get("restored")), None)
-    why = next((engines[u].get("error", "") for u in sorted(asked) if u in engines), "")
-    store.mark_failed(version, f"failed the check on every engine that measured it: "
-                      f"{_brief(why)}", back_to=back if back and back.startswith("v") else None,
-                      engines=sorted(asked))
+    if store.failure(version):
+        return "failed"
+    bad = sorted(u for u, v in verdicts.items() if v == "failed")
+    why = next((record["engines"].get(u, {}).get("error", "") for u in bad), "")
+    store.mark_failed(version, f"failed the check on {len(bad)} of {len(verdicts)} engines "
+                      f"that measured it ({', '.join(bad)}): {_brief(why)}",
+                      back_to=fallback(store, version, record), engines=bad)
+    if (now := store.current()) and now != version and "failed" in \
+            record["verdicts"].get(now, {}).values():
+        judge(store, now, urls)  # the export, when no older version passed everywhere
     return "failed"
+
+
+def fallback(store: DraftStore, version: str, record: dict | None = None) -> str | None:
+    """The newest version older than `version` that is not marked failed and failed on no
+    engine (engines.json `verdicts`); None: the export."""
+    verdicts = (record or read(store))["verdicts"]
+    ok = [v for v in store.good_versions() if int(v[1:]) < int(version[1:])
+          and "failed" not in verdicts.get(v, {}).values()]
+    return ok[-1] if ok else None
 
 
 def observe(store: DraftStore, urls: list[str]) -> list[str]:
@@ -252,23 +296,36 @@ def observe(store: DraftStore, urls: list[str]) -> list[str]:
             st = rollout_client.state(url, 10.0)
         except Exception:  # noqa: BLE001 - unreachable now: nothing learnt
             continue
-        path = st.get("drafter_path")
+        path, digest = st.get("drafter_path"), st.get("draft_hash")
         version, boot = st.get("draft_version") or (version_name(path) if path else None), \
             st.get("boot_id")
         with store.push_lock():
             record = read(store)
             old = record["engines"].get(url, {})
             rebooted = bool(old.get("boot_id") and boot and old["boot_id"] != boot)
-            if old.get("version") == version and not rebooted and old:
+            want = _expected_hash(store, old) if old.get("version") == version else None
+            other = bool(digest and want and digest != want)  # same name, other weights
+            if old.get("version") == version and not rebooted and not other and old:
                 continue
             record["engines"][url] = {**old, "version": version, "directory": path,
-                                      "boot_id": boot, "status": "behind", "retry_at": None,
-                                      "observed": now}
+                                      "boot_id": boot, "hash": digest, "status": "behind",
+                                      "retry_at": None, "observed": now}
             _write(store, record)
         store.log("engine_observed", url=url, version=version, recorded=old.get("version"),
-                  rebooted=rebooted)
+                  rebooted=rebooted, hash=digest, recorded_hash=want)
         changed.append(url)
     return changed
+
+
+def _expected_hash(store: DraftStore, rec: dict) -> str | None:
+    """The hash of what engines.json says the engine serves: the one it reported at its last
+    swap, else its version's published digests (lineage.json `weights`); None if unknown."""
+    if rec.get("hash"):
+        return rec["hash"]
+    version = rec.get("version")
+    if version and store.version_of(store.root / version):
+        return draft_info.weights_hash(store.lineage(version).get("weights"))
+    return None
 
 
 def settle(store: DraftStore, urls: list[str]) -> None:

@@ -114,7 +114,8 @@ def secret_matches(given: str | None, expected: str | None) -> bool:
                                hashlib.sha256(expected.encode()).digest())
 
 
-SIGNED = ("txn", "state", "verdict", "directory", "version", "restored", "al")
+SIGNED = ("txn", "state", "verdict", "directory", "version", "restored", "al",
+          "draft_hash")
 
 
 def record_sig(rec: dict, secret: str) -> str:

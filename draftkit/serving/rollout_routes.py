@@ -15,7 +15,9 @@ these routes need neither, and the weight-transfer engine refuses updates withou
 whichever route sent them.
 
   GET  /draftkit/state   {"draft_version" (the name of the dir the drafter came from),
-       "drafter_path", "boot_id" (drawn once per engine boot), "transfer", "weight_version"
+       "drafter_path", "draft_hash" (the sha256 of its weight files, as lineage.json records
+       them: serving/draft_info.py; also the `draftkit_draft_info` metric on /metrics),
+       "boot_id" (drawn once per engine boot), "transfer", "weight_version"
        (vLLM's: the policy's, never set by draftkit), "txn": the latest transaction's record
        (state, verdict, al, error, ...)}; with ?txn=ID (or ?txn=last) only {"txn": that
        record}, asking the engine nothing
@@ -48,8 +50,8 @@ from pathlib import Path
 
 from draftkit.core.config import DEFAULT_KIND
 from draftkit.drafts import kind as kinds
+from draftkit.serving import draft_info, swap_txn, vllm_version
 from draftkit.serving import drafter_swap as ds
-from draftkit.serving import swap_txn, vllm_version
 from draftkit.serving.drafter_swap import SECRET_ENV, DraftSwapError, secret_matches
 
 log = logging.getLogger("draftkit.serving.rollout_routes")
@@ -159,6 +161,7 @@ class DraftkitEndpoints:
             self.txns = swap_txn.Transactions(f"{port}-{boot}" if boot else str(port))
             if ended := self.txns.end_stale():
                 log.warning("draftkit: ended %d swap transactions a restart left", len(ended))
+        await self.show_served(EngineAdapter(engine_client, asyncio.get_running_loop()), 30)
         if not os.environ.get(SECRET_ENV):
             log.warning("draftkit: %s is not set: the /draftkit routes refuse every request",
                         SECRET_ENV)
@@ -174,12 +177,33 @@ class DraftkitEndpoints:
                 None if body["txn"] == "last" else body["txn"]))}
 
         def work():
-            path = ds.drafter_path(adapter)
-            return {"ok": True, "draft_version": ds.version_name(path), "drafter_path": path,
-                    "boot_id": ds.boot_id(adapter), "transfer": ds.transfer_path(adapter),
+            return {"ok": True, **self.served(adapter), "boot_id": ds.boot_id(adapter),
+                    "transfer": ds.transfer_path(adapter),
                     "weight_version": ds.weight_version(adapter)}  # the policy's, not the draft's
         status, out = await _in_thread(work)
         return status, {**out, "txn": self.txns.get()}
+
+    def served(self, adapter) -> dict:
+        """What the engine serves: the drafter's dir, its version and `draft_hash` (the hash of
+        its weight files: serving/draft_info.py), also shown as `draftkit_draft_info` on
+        /metrics. The hash of a committed swap is the one its files were checked against
+        before the load (lineage.json's digests); else the files' own, hashed once."""
+        path = ds.drafter_path(adapter)
+        rec = self.txns.get() or {}
+        digest = rec.get("draft_hash") if rec.get("state") == "committed" and \
+            rec.get("directory") == path else None
+        out = {"draft_version": ds.version_name(path), "drafter_path": path,
+               "draft_hash": digest or draft_info.dir_hash(path)}
+        draft_info.show(out["draft_version"], out["draft_hash"])
+        return out
+
+    async def show_served(self, adapter, timeout: float = RPC_TIMEOUT_S) -> None:
+        """Refresh the metric after a transaction or at start (a failure only logs)."""
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.served, adapter), timeout)
+        except Exception:  # noqa: BLE001 - the metric is a report; the routes go on
+            log.warning("draftkit: could not read the served draft for %s", draft_info.METRIC,
+                        exc_info=True)
 
     async def _check(self, adapter: EngineAdapter, body: dict) -> tuple[int, dict]:
         args = _swap_args(body)
@@ -200,6 +224,8 @@ class DraftkitEndpoints:
         if isinstance(args, str):
             return 400, {"ok": False, "error": args, "verdict": "refused"}
         rec, task = self.txns.start(adapter, args)
+        if task is not None and rec["state"] == "queued":  # a new one: the metric after it
+            task.add_done_callback(lambda _: asyncio.ensure_future(self.show_served(adapter)))
         if task is not None:
             await asyncio.wait({task}, timeout=args["wait_s"])
         rec = self.txns.get(rec["txn"]) or rec

