@@ -161,7 +161,9 @@ class SpeculativeRollouts:
         """The speculative config for the loop's generation `batch` and `temperature`, from the
         export's serving.json (speculative.served). method="draft": the draft as asked, with
         advice when serving.json picked another method there; "auto": serving.json's pick (not
-        the draft: the draft is not served, nothing refreshes in the loop)."""
+        the draft: the draft is not served, nothing refreshes in the loop). Chosen once: vLLM
+        fixes the engine's speculative method at start, so a later, faster refreshed draft is
+        picked by the next engine, not this one (docs/integration.md)."""
         pick = speculative.served(self.draft_dir, batch=batch, temperature=self.temperature)
         own = speculative.served(self.draft_dir).method
         event = {"event": "served", "batch": batch, "temperature": self.temperature,
@@ -186,12 +188,6 @@ class SpeculativeRollouts:
             self._sync_dir = tempfile.mkdtemp(prefix="draftkit-policy-")
         if not (self.cfg.refresh and self.serves_draft):
             return
-        if ranks.tp_size > 1:
-            raise DraftkitError(
-                f"draftkit cannot check a swap into a vLLM engine with tensor parallel size "
-                f"{ranks.tp_size}: its workers hold shards, and the swap's hash check compares "
-                "whole tensors (rl/engines.py). Serve the draft frozen "
-                "(DraftkitConfig(refresh=False)) or use vllm_tensor_parallel_size=1")
         for turn in (True, False):
             if ranks.main == turn:
                 self.refresher = DraftRefresher(self.cfg.run, self.cfg.overrides,
