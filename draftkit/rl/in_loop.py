@@ -188,6 +188,12 @@ class SpeculativeRollouts:
             self._sync_dir = tempfile.mkdtemp(prefix="draftkit-policy-")
         if not (self.cfg.refresh and self.serves_draft):
             return
+        if ranks.tp_size > 1 and self.cfg.refresh_in == "background":
+            raise DraftkitError(
+                f"DraftkitConfig(refresh_in='background') with a vLLM engine of tensor parallel "
+                f"size {ranks.tp_size}: the refresh thread would draw from the torch generator "
+                "the engine samples with while it runs, and the TP workers' engines must draw "
+                "alike. Use refresh_in='sync' or 'watch' (another process)")
         for turn in (True, False):
             if ranks.main == turn:
                 self.refresher = DraftRefresher(self.cfg.run, self.cfg.overrides,
@@ -248,9 +254,17 @@ class SpeculativeRollouts:
     def step_end(self, step: int, model, tokenizer) -> None:
         """Every rank, at the same step boundary, after `step` policy updates: rollouts to rank
         0's refresher; a finished background refresh or a version another process published
-        swapped in; then, when due, a refresh (sync or background)."""
+        swapped in; then, when due, a refresh (sync or background). The torch generator is
+        given back as found: an engine under vLLM's external launcher samples from this
+        process's generator, and the engines of one TP group must draw alike (a refresh on
+        rank 0 alone would desynchronise them, and their next generate call would hang)."""
         if self.refresher is None:
             return
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            self._step_end(step, model, tokenizer)
+
+    def _step_end(self, step: int, model, tokenizer) -> None:
         self._gather(step)
         done = self.ranks.share(self._worker.poll() if self._worker and self.ranks.main
                                 else None)
