@@ -16,7 +16,8 @@ Where the refresh runs (`DraftkitConfig.refresh_in`):
   sync        at the step end, in the trainer's process; every rank waits for it.
   background  a worker thread in rank 0's process, on a copy of the policy taken at the step
               end (host or device memory for one more policy) and the taps so far; training goes
-              on, and the step end after it finished swaps in what it published.
+              on, and the step end after it finished swaps in what it published. Not with vLLM
+              TP > 1: the thread would draw from the generator the TP engines sample with.
   watch       none here: `draftkit watch` in another process (or on another device) refreshes
               from the rollouts this loop writes to `drafts/rollouts/` and publishes; the step
               end follows `current` (`follow=True`).
