@@ -113,3 +113,40 @@ def test_the_config_refuses_an_unknown_refresh_place():
 
     with pytest.raises(DraftkitError, match="refresh_in"):
         in_loop.DraftkitConfig(run="x", refresh_in="elsewhere")
+
+
+def test_a_step_end_leaves_the_random_stream_as_it_found_it(loop_of):
+    """Under vLLM's external launcher the engine samples (T=1, rejection sampling) from the
+    trainer process's torch generator, and the engines of one TP group must draw the same
+    numbers: a refresh that ran on rank 0 alone and drew numbers there left rank 0's engine
+    sampling other tokens than rank 1's, and TRL's next generate call hung (tests/scripts/
+    trl_ranks.py with TP=2). Every step end gives the generator back as it found it."""
+    loop, _ = loop_of(every=1)
+
+    def job(model, tok, files, step, *a, **kw):
+        torch.rand(100)  # the refresh's own training draws numbers
+        return {"status": "published", "version": "v0001", "lineage": LINEAGE}
+
+    loop.refresher.job = job
+    _rollouts(loop, 0)
+    model = torch.nn.Linear(2, 2)
+    state = torch.get_rng_state()
+    loop.step_end(1, model, None)
+    assert [e["status"] for e in loop.events if e["event"] == "refresh"] == ["published"]
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_tensor_parallel_engines_refresh_in_sync_or_watch_not_in_a_thread(tmp_path, tiny_target):
+    """With vllm TP > 1 a refresh is no longer refused (the check covers shards); a background
+    refresh is, naming the fix: its thread would draw from the generator the engine samples
+    with while the engine runs."""
+    from _rl_helpers import make_run
+
+    run = make_run(tmp_path, tiny_target)
+    loop = in_loop.SpeculativeRollouts(in_loop.DraftkitConfig(run=str(run)))
+    loop.bind({"path": str(loop.draft_dir)}, engines.Ranks(tp_size=2))
+    assert loop.refresher is not None
+    loop = in_loop.SpeculativeRollouts(in_loop.DraftkitConfig(run=str(run),
+                                                              refresh_in="background"))
+    with pytest.raises(in_loop.DraftkitError, match="refresh_in='sync' or 'watch'"):
+        loop.bind({"path": str(loop.draft_dir)}, engines.Ranks(tp_size=2))

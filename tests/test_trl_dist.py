@@ -29,13 +29,11 @@ LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--
           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory, trained_draft):
+def _launch(tmp, trained_draft, tp: int = 1):
     from _runs import DRAFT, make_run, save_best
 
     from draftkit.export.stage import export
 
-    tmp = tmp_path_factory.mktemp("trl-ranks")
     run = make_run(tmp / "runs", prompts=trained_draft["prompts"], name="smol", overrides=[
         *DRAFT, "train.ttt_steps=3", "tracking.backend=none", "refresh.budget_steps=4",
         "refresh.lr=1e-5", "refresh.gate=false", "refresh.probe_max_tokens=32"])
@@ -44,10 +42,21 @@ def launched(tmp_path_factory, trained_draft):
     env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([*LAUNCH, str(ROOT / "tests" / "scripts" / "trl_ranks.py"), str(run),
-                          str(tmp)], capture_output=True, text=True, env=env, timeout=1200)
+                          str(tmp), str(tp)], capture_output=True, text=True, env=env,
+                         timeout=1200)
     ranks = [tmp / f"rank{r}.json" for r in range(2)]
     assert out.returncode == 0 and all(p.is_file() for p in ranks), out.stderr[-6000:]
     return run, [json.loads(p.read_text()) for p in ranks]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, trained_draft):
+    return _launch(tmp_path_factory.mktemp("trl-ranks"), trained_draft)
+
+
+@pytest.fixture(scope="module")
+def launched_tp(tmp_path_factory, trained_draft):
+    return _launch(tmp_path_factory.mktemp("trl-tp"), trained_draft, tp=2)
 
 
 @pytest.mark.slow
@@ -90,4 +99,41 @@ def test_two_ranks_refresh_swap_all_or_none_and_survive_a_raising_refresh(launch
     reference = ranks[0]["reference"]
     assert isinstance(reference, list), reference
     for r in ranks:  # speculation changed no output on any rank
+        assert r["greedy_drafts"] > 0 and r["greedy"] == reference
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.dist
+def test_tensor_parallel_engine_checks_both_workers_and_refreshes(launched_tp):
+    """`vllm_tensor_parallel_size=2`: one engine, a worker on each rank. Step 1: rank 1's worker
+    loads a zeroed v0001: both ranks gather both workers' hashes, see worker 1's shards differ,
+    roll back together (restored) and mark v0001 failed; step 2's refresh raises; step 3's
+    version goes into both workers, checked. fp32 greedy outputs equal no speculation's."""
+    from draftkit.rl.publish import DraftStore
+
+    run, ranks = launched_tp
+    store = DraftStore(run)
+    for r in ranks:
+        print(r["rank"], [(e["event"], e["step"], e.get("status"),
+                           [(x["rank"], x["engine"], x["verdict"], x.get("al"))
+                            for x in (e.get("swap") or {}).get("engines", [])])
+                          for e in r["events"]])
+        assert r["tp"] == 2 and r["steps"] == 4 and max(r["logp_diff"]) < 1e-4
+        assert all(g["draft_tokens"] > 0 for g in r["generations"])
+        events = [e for e in r["events"] if e["event"] == "refresh"]
+        assert [(e["step"], e["status"]) for e in events][:3] == [
+            (1, "published"), (2, "error"), (3, "published")]
+        first, third = events[0]["swap"], events[2]["swap"]
+        assert (first["ok"], first["verdict"], first["restored"]) == (False, "failed", True)
+        assert [(e["rank"], e["engine"], e["verdict"]) for e in first["engines"]] == [
+            (0, 0, "failed"), (1, 0, "failed")]  # one engine: one verdict on both ranks
+        assert any("worker 1:" in e["error"] for e in first["engines"])
+        assert third["ok"] and all(e["ok"] and e["engine"] == 0 for e in third["engines"])
+    assert store.failure("v0001") is not None and store.current() != "v0001"
+    assert ranks[0]["drafter"] == ranks[1]["drafter"] == os.path.realpath(
+        store.root / store.current())
+    reference = ranks[0]["reference"]
+    assert isinstance(reference, list), reference
+    for r in ranks:
         assert r["greedy_drafts"] > 0 and r["greedy"] == reference

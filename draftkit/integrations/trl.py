@@ -26,7 +26,7 @@ What it changes in TRL (private hooks, so the TRL version is pinned and checked 
   go to TRL's logs as `draftkit/<event>_<status>` counts (so to wandb where TRL reports there).
 - the taps (rank 0, where refreshes run): TRL's `compute_loss` wrapped by rl/taps.py.
 Limits: `vllm_mode="colocate"` only (server mode: integrations/trl_serve.py); no PEFT on the CPU
-path; with vllm TP > 1 the draft is served frozen (a refresh is refused at start: rl/in_loop.py).
+path. With `vllm_tensor_parallel_size` > 1 each TP worker's shards are checked (rl/engines.py).
 """
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ The record (`drafts/engines-inloop.json`, written by rank 0 after every swap, an
 `InLoop.engines`): one row per rank with the engine it belongs to (rank // tensor parallel
 size), the version it serves and whether its last check passed.
 
-Tensor parallelism: the ranks of one TP group hold one engine, a worker each, and every rank
-would load and check its own worker. `drafter_swap`'s hashes compare whole tensors, so a worker
-holding a TP shard of a drafter tensor would fail the hash check: in_loop.py refuses refreshes
-(and so swaps) with vllm TP > 1 before the engine serves anything, and the draft is served
-frozen there (docs/integration.md).
+Tensor parallelism: the ranks of one TP group hold one engine (vLLM's external launcher), a
+worker each; every rank loads its own worker, and the check compares each worker's shards with
+the same slices of the published tensors (serving/drafter_hashes.py). Every rank of the group
+gathers the whole group's hashes and load errors, so the ranks of one engine reach one verdict
+and roll back together; its row in the record is one per rank, with the engine's index.
 """
 
 from __future__ import annotations

