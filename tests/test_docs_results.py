@@ -188,3 +188,11 @@ def test_the_commit_and_cpu_checks_catch_a_wrong_one(tmp_path):
     summary = "Two kinds: an AMD EPYC with AVX512-BF16, no AMX, and an Intel Xeon with AMX."
     assert len(summary_problems("p", summary, [amd, xeon])) == 2  # Xeon: AMX is none
     assert summary_problems("p", summary.replace("with AMX", "without bf16"), [amd, xeon]) == []
+
+
+def test_no_result_file_records_an_absolute_path_of_this_machine():
+    """Result files travel to other hosts: paths in them are relative to the run or export."""
+    machine_path = re.compile(r"(?<![\w.])/(?:tmp|work|root|home)/")
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in sorted((ROOT / "results").rglob("*"))
+             if p.suffix in (".json", ".md") for m in machine_path.finditer(p.read_text())]
+    assert found == []
