@@ -136,25 +136,7 @@ def test_a_crash_at_any_write_of_a_failing_push_is_finished_by_the_next_tick(
     # N3: the engines' refused records were written before the version was marked failed; after
     # a crash between the two the watch never asked again and recover() fixed only a current
     # already marked: the bad version stayed current
-    store = DraftStore(run)
-    store.set_current("v0002")
-
-    def swap_engine(url, directory, *a, **k):  # v0002 fails on every engine; v0001 passes
-        if os.path.basename(directory) == "v0001":
-            return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
-                    "path": "native"}
-        raise rollout_client.EngineError(url, "probe AL 1.000 <= minimum 1.2", "failed", True,
-                                         str(store.root / "v0001"), "v0001")
-    monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
-    with monkeypatch.context() as m:
-        seen = _crash_after(m, n)
-        try:
-            _push(run, [A, B])
-        except Crash:
-            pass
-    print(f"crashed after write {n}: {seen}")
-    _tick(run, [A, B])  # the watch, restarted
-    _tick(run, [A, B])
+    store = _crash_a_push_then_tick(run, monkeypatch, n, lambda url, name: name == "v0001")
     assert store.failure("v0002") is not None and store.current() == "v0001"
     assert store.failure("v0001") is None
     rec = engines.read(store)["engines"]
@@ -166,25 +148,8 @@ def test_a_crash_at_any_write_of_a_swap_back_is_finished_by_the_next_tick(run, m
     # issue 52: v0002 passes on A and fails on B: it is failed and A must go back to v0001;
     # a crash anywhere in that (the verdicts, the mark, the swap back) is finished by the
     # restarted watch: nobody is left serving v0002
-    store = DraftStore(run)
-    store.set_current("v0002")
-
-    def swap_engine(url, directory, *a, **k):
-        if url == A or os.path.basename(directory) == "v0001":
-            return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
-                    "path": "native"}
-        raise rollout_client.EngineError(url, "probe AL 1.000 <= minimum 1.2", "failed", True,
-                                         str(store.root / "v0001"), "v0001")
-    monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
-    with monkeypatch.context() as m:
-        seen = _crash_after(m, n)
-        try:
-            _push(run, [A, B])
-        except Crash:
-            pass
-    print(f"crashed after write {n}: {seen}")
-    _tick(run, [A, B])
-    _tick(run, [A, B])
+    store = _crash_a_push_then_tick(run, monkeypatch, n,
+                                    lambda url, name: url == A or name == "v0001")
     assert store.failure("v0002") is not None and store.current() == "v0001"
     rec = engines.read(store)["engines"]
     assert all(rec[u]["version"] == "v0001" for u in (A, B))
@@ -429,3 +394,28 @@ def test_an_engine_on_fcfs_is_an_event_once(run, monkeypatch):
         engines.push(run, [A], store.root / v)
     said = [e for e in store.events() if e["event"] == "engine_probe_queues"]
     assert len(said) == 1 and "--scheduling-policy priority" in said[0]["detail"]
+
+
+def _crash_a_push_then_tick(run, monkeypatch, n: int, passes) -> DraftStore:
+    """current = v0002; a push to A and B whose engines pass a version where `passes(url,
+    version)`, crashed after write `n`; then two ticks of the restarted watch."""
+    store = DraftStore(run)
+    store.set_current("v0002")
+
+    def swap_engine(url, directory, *a, **k):
+        if passes(url, os.path.basename(directory)):
+            return {"al": 2.0, "swap_s": 0.1, "pause_s": 0.2, "probe_s": 0.3, "loaded": True,
+                    "path": "native"}
+        raise rollout_client.EngineError(url, "probe AL 1.000 <= minimum 1.2", "failed", True,
+                                         str(store.root / "v0001"), "v0001")
+    monkeypatch.setattr(rollout_client, "swap_engine", swap_engine)
+    with monkeypatch.context() as m:
+        seen = _crash_after(m, n)
+        try:
+            _push(run, [A, B])
+        except Crash:
+            pass
+    print(f"crashed after write {n}: {seen}")
+    _tick(run, [A, B])  # the watch, restarted
+    _tick(run, [A, B])
+    return store
