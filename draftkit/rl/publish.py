@@ -43,6 +43,7 @@ from pathlib import Path
 
 from draftkit.core import artifacts
 from draftkit.core.errors import DraftkitError
+from draftkit.serving import draft_info
 
 LINEAGE = "lineage.json"
 FAILED = "failed.json"
@@ -283,7 +284,7 @@ class DraftStore:
                 if f.is_file() and not f.is_symlink():
                     _fsync_file(f)
             _fsync_dir(tmp)
-            weights = {f.name: artifacts.sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}
+            weights = draft_info.file_digests(tmp)  # what the engines check and hash
             artifacts.write_json_atomic(tmp / LINEAGE, {**lineage, "weights": weights})
             _fsync_dir(tmp)
         _fsync_dir(self.root)
