@@ -64,3 +64,24 @@ def test_the_refresh_overhead_is_counted_in_frozen_grpo_steps():
     md = trl_grpo.markdown({"config": {**RESULT["config"], "processes": 2}, "summary": sums})
     assert "2 trainer process(es)" in md
     assert "| refresh | 2 | 140.0 | 2.00 |" in md and "| refresh-bg | 2 | 105.0 | 0.25 |" in md
+
+
+def test_resume_keeps_a_record_of_the_same_settings_only(tmp_path, monkeypatch):
+    """`resume=true` measures only what an earlier run into the same --out lacks: a variant's
+    record is kept when every setting but the variant list matches, run again otherwise."""
+    cfg = trl_grpo.load_config(["run=runs/demo", "steps=2", "resume=true",
+                                "variants=[none,frozen]"])
+    runs = tmp_path / "bench_trl_runs"
+    runs.mkdir()
+    same = {**RESULT["runs"][0], "config": {**trl_grpo.asdict(cfg), "variants": ["none"]}}
+    other = {**RESULT["runs"][1], "variant": "frozen",
+             "config": {**trl_grpo.asdict(cfg), "steps": 3}}  # another run's steps: not kept
+    (runs / "none.json").write_text(json.dumps(same))
+    (runs / "frozen.json").write_text(json.dumps(other))
+    launched = []
+    monkeypatch.setattr(trl_grpo, "_child", lambda c, v, out: launched.append(v) or
+                        {**RESULT["runs"][0], "variant": v, "config": trl_grpo.asdict(c)})
+    result = trl_grpo.run(cfg, tmp_path)
+    assert launched == ["frozen"]
+    assert [r["variant"] for r in result["runs"]] == ["none", "frozen"]
+    assert result["runs"][0]["steps"] == RESULT["runs"][0]["steps"]  # the kept record itself

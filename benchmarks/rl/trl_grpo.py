@@ -68,6 +68,9 @@ class BenchConfig:
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     seed: int = 0
     processes: int = 1  # trainer processes (accelerate launch), each with its own engine
+    # keep a variant's record from an earlier invocation into the same --out when it ran these
+    # same settings (a killed or extended run measures only what it lacks)
+    resume: bool = False
 
     def check(self) -> BenchConfig:
         if not self.run:
@@ -198,7 +201,9 @@ def _child(cfg: BenchConfig, variant: str, out: Path) -> dict:
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     launch = [sys.executable, "-m"]
     if cfg.processes > 1:  # `--multi_gpu` spawns the ranks via torchrun; gloo without CUDA
-        env.update(OMP_NUM_THREADS="1")
+        # one core per rank: torch's threads, and numba's (vLLM's n-gram proposer), whose
+        # default pool of one thread per core, in each rank, oversubscribes the cores
+        env.update(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
         launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                   "--num_processes", str(cfg.processes), "--num_machines", "1",
                   "--mixed_precision", "no", "--dynamo_backend", "no", "-m"]
@@ -210,7 +215,10 @@ def _child(cfg: BenchConfig, variant: str, out: Path) -> dict:
         if watch is not None:
             watch.terminate()  # SIGTERM: it stops cleanly (rl/watch.py)
             watch.wait(120)
-    return json.loads((out / "bench_trl_runs" / f"{variant}.json").read_text())
+    path = out / "bench_trl_runs" / f"{variant}.json"
+    rec = {**json.loads(path.read_text()), "config": asdict(cfg)}  # what `resume` compares
+    artifacts.write_json_atomic(path, rec)
+    return rec
 
 
 def _watch(cfg: BenchConfig, run: Path, out: Path) -> subprocess.Popen:
@@ -230,10 +238,27 @@ def run(cfg: BenchConfig, out: str | Path) -> dict:
     out = Path(out)
     results = []
     for v in cfg.variants:
-        print(f"bench_trl: {v}", flush=True)
-        results.append(_child(cfg, v, out))
+        kept = kept_record(cfg, v, out) if cfg.resume else None
+        print(f"bench_trl: {v}{' (kept from an earlier run)' if kept else ''}", flush=True)
+        results.append(kept or _child(cfg, v, out))
     return {"config": asdict(cfg), "summary": overhead([summary(r) for r in results]),
             "runs": results}
+
+
+def same_settings(a: dict, b: dict) -> bool:
+    """Two BenchConfig dicts measure alike: all but the variant list and `resume` agree."""
+    skip = ("variants", "resume")
+    return {k: v for k, v in a.items() if k not in skip} == \
+        {k: v for k, v in b.items() if k not in skip}
+
+
+def kept_record(cfg: BenchConfig, variant: str, out: Path) -> dict | None:
+    """`variant`'s record from an earlier run into `out` under the same settings, else None."""
+    path = out / "bench_trl_runs" / f"{variant}.json"
+    if not path.is_file():
+        return None
+    rec = json.loads(path.read_text())
+    return rec if same_settings(rec.get("config") or {}, asdict(cfg)) else None
 
 
 def overhead(sums: list[dict]) -> list[dict]:
