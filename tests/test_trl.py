@@ -86,6 +86,23 @@ def test_auto_serves_serving_jsons_pick_for_the_generation_batch_and_temperature
     assert "not T=0.7" in event["note"]
 
 
+
+def test_auto_with_an_explicit_k_serves_the_pick_at_that_k(tmp_path):
+    """method="auto" with k: serving.json's pick for the batch still decides the method (no
+    speculation at batch 16, where the draft measured slower), k only sets its length."""
+    from draftkit.rl.in_loop import DraftkitConfig, SpeculativeRollouts
+
+    run, _ = _export_with_serving(tmp_path)
+    big = SpeculativeRollouts(DraftkitConfig(run=str(run), method="auto", k=3))
+    big.choose(16)
+    assert big.speculative is None and not big.serves_draft
+    assert big.events[-1]["served"] == "none"
+    small = SpeculativeRollouts(DraftkitConfig(run=str(run), method="auto", k=1))
+    small.choose(4)
+    assert small.speculative["method"] == "eagle3" and small.serves_draft
+    assert small.speculative["num_speculative_tokens"] == 1
+    assert "num_speculative_tokens_per_batch_size" not in small.speculative
+
 # ------------------------------------------------------------------ taps from TRL's loss forward
 
 TAPPED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")

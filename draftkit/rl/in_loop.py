@@ -162,15 +162,19 @@ class SpeculativeRollouts:
         """The speculative config for the loop's generation `batch` and `temperature`, from the
         export's serving.json (speculative.served). method="draft": the draft as asked, with
         advice when serving.json picked another method there; "auto": serving.json's pick (not
-        the draft: the draft is not served, nothing refreshes in the loop). Chosen once: vLLM
-        fixes the engine's speculative method at start, so a later, faster refreshed draft is
-        picked by the next engine, not this one (docs/integration.md)."""
+        the draft: the draft is not served, nothing refreshes in the loop), at DraftkitConfig's
+        k where it gives one. Chosen once: vLLM fixes the engine's speculative method at start,
+        so a later, faster refreshed draft is picked by the next engine, not this one
+        (docs/integration.md)."""
         pick = speculative.served(self.draft_dir, batch=batch, temperature=self.temperature)
         own = speculative.served(self.draft_dir).method
         event = {"event": "served", "batch": batch, "temperature": self.temperature,
                  "method": self.cfg.method, "source": pick.source, "note": pick.note}
-        if self.cfg.method == "auto" and pick.source == "range" and self.cfg.k is None:
-            self.speculative, self.serves_draft = pick.config, pick.method == own
+        if self.cfg.method == "auto" and pick.source == "range":
+            # an explicit k holds for whichever method serving.json picked (no per-batch k)
+            self.speculative = speculative.with_k(pick.config, self.cfg.k) if pick.config \
+                else None
+            self.serves_draft = pick.method == own
             event["served"] = pick.method
         elif advice := serving_advice(pick, own, batch):
             log.warning("draftkit: %s", advice)

@@ -177,7 +177,7 @@ def served(export_dir: str | Path, batch: int | None = None, temperature: float 
     own = _own(export_dir)
     path = export_dir / SERVING_FILE
     if k is not None or not path.is_file():
-        return Served(_with_k(own, k), "own")
+        return Served(with_k(own, k), "own")
     serving = artifacts.read_json(path)
     note = _unmeasured(serving, temperature)
     if batch is None:
@@ -206,7 +206,8 @@ def _own(export_dir: Path) -> dict:
     return {**sc, "model": str(export_dir)}
 
 
-def _with_k(sc: dict, k: int | None) -> dict:
+def with_k(sc: dict, k: int | None) -> dict:
+    """`sc` drafting `k` tokens at every batch size (no per-batch schedule); k None: `sc`."""
     if k is None:
         return sc
     sc = {key: v for key, v in sc.items() if key != "num_speculative_tokens_per_batch_size"}
