@@ -12,11 +12,19 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from draftkit.core import artifacts, config
+from draftkit.core import artifacts, config, provenance
 from draftkit.core.artifacts import RunPaths
 from draftkit.eval import stage
 from draftkit.harvest.shards import HarvestSet, open_harvest
 from draftkit.serving import vllm_engine
+
+
+def provenance_line(meta: dict) -> str:
+    """"Command: `python ...` at code `sha`; CPU: ... (native bf16: ...)." from a `meta`."""
+    hw = meta.get("hardware") or {}
+    return (f"Command: `python {' '.join(meta.get('argv') or ['?'])}` at code "
+            f"`{(meta.get('git_sha') or '?')[:7]}`; CPU: {hw.get('cpu_model', '?')} (native bf16: "
+            f"{hw.get('cpu_native_bf16', '?')}).")
 
 
 def link_tree(src: Path, dst: Path) -> None:
@@ -152,7 +160,12 @@ def plot_vs_k(rows: list[dict], path: Path, styles: Sequence[tuple[str, str]]) -
 
 def write_report(out: Path, name: str, data: dict, md: str,
                  plot: Callable[[Path], None] | None = None) -> None:
-    """<out>/<name>.json (atomic), <name>.md (atomic) and, with `plot(path)`, <name>.png."""
+    """<out>/<name>.json (atomic), <name>.md (atomic) and, with `plot(path)`, <name>.png. Each
+    names its command, machine and commit: `data` gains a provenance `meta` where the bench
+    gave none, and the Markdown a closing line with them where it names no command itself."""
+    data.setdefault("meta", provenance.make_meta(name, None))
+    if "Command:" not in md:
+        md = md.rstrip("\n") + "\n\n" + provenance_line(data["meta"]) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     artifacts.write_json_atomic(out / f"{name}.json", data)
     artifacts.write_text_atomic(out / f"{name}.md", md)

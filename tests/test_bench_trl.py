@@ -85,3 +85,4 @@ def test_resume_keeps_a_record_of_the_same_settings_only(tmp_path, monkeypatch):
     assert launched == ["frozen"]
     assert [r["variant"] for r in result["runs"]] == ["none", "frozen"]
     assert result["runs"][0]["steps"] == RESULT["runs"][0]["steps"]  # the kept record itself
+
