@@ -70,3 +70,13 @@ def test_tiny_ab_runs_end_to_end(source, tmp_path):
     assert all(s["seeds"] == 2 for s in rep["summary"])
     assert rep["vllm"]["batch_size"] == 8 and rep["vllm"]["draft_sample_method"] == "probabilistic"
     assert "T=1" in (out / "bench_sampling_ab.md").read_text()
+
+
+def test_the_plot_draws_each_split_from_the_summary(tmp_path):
+    bench = {"splits": {"hand-written": 8}, "arms": {"baseline": [], "tv": []},
+             "vllm": {"temperatures": [0.0, 1.0]},
+             "summary": [{"arm": a, "split": "hand-written", "temperature": t,
+                          "tokens_per_step": 1.5, "band": [1.4, 1.6], "seeds": 2}
+                         for a in ("baseline", "tv") for t in (0.0, 1.0)]}
+    sampling_ab.plot(bench, tmp_path / "ab.png")
+    assert (tmp_path / "ab.png").read_bytes()[:4] == b"\x89PNG"

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                       "rows": rows},
              "summary": summarize(rows, names, temps)}
     md = markdown(bench)
-    report.write_report(Path(args.out), args.name, bench, md)
+    report.write_report(Path(args.out), args.name, bench, md, lambda path: plot(bench, path))
     print(md)
     return 0
 
@@ -189,3 +189,30 @@ def markdown(bench: dict) -> str:
         lines += ["", f"regen-t1 data: prepare {d['prepare_s']:.0f} s + harvest "
                   f"{d['harvest_s']:.0f} s (paid once, beside the training budget)."]
     return "\n".join(lines) + "\n"
+
+
+def plot(bench: dict, path: Path) -> None:
+    """Per split, one panel: each arm's tokens per target step at every temperature, the bar the
+    mean over seeds and the whisker the band (min..max)."""
+    plt = report.pyplot()
+    splits_, names = list(bench["splits"]), list(bench["arms"])
+    temps = bench["vllm"]["temperatures"]
+    cell = {(c["arm"], c["split"], c["temperature"]): c for c in bench["summary"]}
+    fig, axes = plt.subplots(1, len(splits_), figsize=(5 * len(splits_), 4), squeeze=False)
+    width = 0.8 / len(temps)
+    for ax, split in zip(axes[0], splits_, strict=True):
+        for j, t in enumerate(temps):
+            cs = [cell.get((n, split, t)) for n in names]
+            xs = [i + j * width for i in range(len(names))]
+            ys = [c["tokens_per_step"] if c else 0.0 for c in cs]
+            err = [[(c["tokens_per_step"] - c["band"][0]) if c else 0.0 for c in cs],
+                   [(c["band"][1] - c["tokens_per_step"]) if c else 0.0 for c in cs]]
+            ax.bar(xs, ys, width, yerr=err, capsize=3, label=f"T={t:g}")
+        ax.set_xticks([i + width * (len(temps) - 1) / 2 for i in range(len(names))], names,
+                      rotation=30, ha="right", fontsize=8)
+        ax.set(title=split, ylabel="tokens per target step", ylim=(1.0, None))
+        ax.axhline(1.0, color="gray", lw=0.5)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
