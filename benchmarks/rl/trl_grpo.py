@@ -285,7 +285,7 @@ def markdown(result: dict) -> str:
     cmd = " ".join(["python", *meta.get("argv", ["scripts/bench_trl.py"])])
     lines = [f"# TRL GRPO with draftkit ({cpu})", "",
              f"Command: `{cmd}` at code `{(meta.get('git_sha') or '?')[:7]}`. Each variant is one "
-             "process (TRL's trainer and its colocated vLLM engine), one after another.",
+             "launch (each trainer process with its colocated vLLM engine), one after another.",
              "", f"{cfg.get('processes', 1)} trainer process(es), each with its own engine; "
              f"{cfg['steps']} steps; T=1.0 (TRL's default), generation batch "
              f"{cfg['prompts'] * cfg['generations']}, {cfg['max_tokens']} tokens per completion; "
