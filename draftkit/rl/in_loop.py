@@ -172,8 +172,7 @@ class SpeculativeRollouts:
                  "method": self.cfg.method, "source": pick.source, "note": pick.note}
         if self.cfg.method == "auto" and pick.source == "range":
             # an explicit k holds for whichever method serving.json picked (no per-batch k)
-            self.speculative = speculative.with_k(pick.config, self.cfg.k) if pick.config \
-                else None
+            self.speculative = speculative.with_k(pick.config, self.cfg.k)
             self.serves_draft = pick.method == own
             event["served"] = pick.method
         elif advice := serving_advice(pick, own, batch):

@@ -206,9 +206,10 @@ def _own(export_dir: Path) -> dict:
     return {**sc, "model": str(export_dir)}
 
 
-def with_k(sc: dict, k: int | None) -> dict:
-    """`sc` drafting `k` tokens at every batch size (no per-batch schedule); k None: `sc`."""
-    if k is None:
+def with_k(sc: dict | None, k: int | None) -> dict | None:
+    """`sc` drafting `k` tokens at every batch size (no per-batch schedule); k None: `sc`; no
+    speculation (None) stays None."""
+    if sc is None or k is None:
         return sc
     sc = {key: v for key, v in sc.items() if key != "num_speculative_tokens_per_batch_size"}
     return {**sc, "num_speculative_tokens": k}
