@@ -3,7 +3,8 @@ training budget (the same CPU-seconds), measured as held-out tokens per target s
 T=0 and T=1, batch 8, probabilistic drafting, with the noise band of seeds.
 
 Levers (ARMS: run-config overrides on top of the source run's config):
-    baseline      the source's recipe (answers regenerated as it says, forward KL)
+    baseline      the source's data (answers regenerated as it says), forward KL (the A/B's
+                  reference, whatever loss the source's config names)
     regen-t1      answers regenerated at T=1 (data.regen_temperature=1.0): its own prepare and
                   harvest, done once in <dir>/<prefix>-regen-t1-data and linked into every arm
                   that needs them
@@ -36,8 +37,8 @@ from draftkit.serving import speculative
 
 REGEN_T1 = ["data.regen_temperature=1.0"]
 ARMS = {
-    "baseline": [],
-    "regen-t1": [],
+    "baseline": ["train.loss=kl"],
+    "regen-t1": ["train.loss=kl"],
     "tv": ["train.loss=tv"],
     "mix": ["train.loss=mix", "train.loss_mix=0.5"],
     "regen-t1+tv": ["train.loss=tv"],
