@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from draftkit.core import config
 from draftkit.eval import choice
 from draftkit.export import serving_file
 
@@ -237,9 +238,7 @@ def fake_export(tmp_path, weights=b"w1"):
 
 
 def fake_run(tmp_path):
-    cfg = SimpleNamespace(name="r", target=SimpleNamespace(name="smollm2-135m", hub_id=""),
-                          draft=SimpleNamespace(kind="eagle3"),
-                          eval=SimpleNamespace(choice_margin=0.02, choice_temperature=1.0))
+    cfg = config.RunConfig(name="r")  # smollm2-135m, eagle3, margin 0.02 at T=1
     return SimpleNamespace(cfg=cfg, paths=SimpleNamespace(eval=tmp_path / "eval"))
 
 

@@ -39,7 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-from draftkit.core import artifacts, hardware, provenance
+from draftkit.core import artifacts, engine_settings, hardware, provenance
+from draftkit.serving import conditions
 
 CHOICE_FILE = "choice.json"  # in <run>/eval/
 FREE_ORDER = ("none", "ngram", "suffix")  # simplest first; any other method is a trained draft
@@ -172,9 +173,17 @@ def save(rep: dict, cfg, eval_dir: Path, export_dir: Path) -> dict:
         "export_weights": weights_fingerprint(export_dir), "hardware": hardware.summary(),
         "git_sha": provenance.git_sha(), "dtype": s["dtype"], "temperatures": s["temperatures"],
         "batch_sizes": s["batch_sizes"], "k_values": s["k_values"], "prompts": s["prompts"],
-        "max_new_tokens": s["max_new_tokens"]}
+        "max_new_tokens": s["max_new_tokens"], "engine": measured_engine(cfg, s["dtype"])}
     artifacts.write_json_atomic(Path(eval_dir) / CHOICE_FILE, choice)
     return choice
+
+
+def measured_engine(cfg, dtype: str) -> dict:
+    """The conditions eval's engines measured under (serving/conditions.py): one engine on this
+    node, its TP workers sharing the cores unless engine.cpu_threads_bind gives a mask."""
+    es = engine_settings.for_run(cfg, dtype)
+    return conditions.engine(es.tensor_parallel_size, es.tensor_parallel_size, dtype,
+                             es.cpu_threads_bind)
 
 
 def load(eval_dir: Path, export_dir: Path) -> tuple[dict | None, str | None]:

@@ -1,0 +1,63 @@
+"""The engine conditions a speed measurement holds for: what `draftkit eval` records beside its
+serving choice (eval/choice.py, serving.json's `measured.engine`) and what an RL loop's engine
+is compared against before `method="auto"` serves a speculative pick (rl/in_loop.py).
+
+    device                 cpu | cuda
+    model                  the CPU's or the GPU's model name
+    tensor_parallel_size   the engine's TP
+    dtype                  the engine's compute dtype
+    cpu_cores_per_worker   CPU only: the cores each vLLM worker computes on, from
+                           VLLM_CPU_OMP_THREADS_BIND where it is a mask, else this process's
+                           cores shared by the node's workers (eval: one engine; a colocated
+                           RL loop: one worker per trainer process, LOCAL_WORLD_SIZE)
+
+On a CPU a speculative method pays only where the target's verify pass has compute to spare,
+so a pick measured with 2 cores per worker does not vouch for a worker on 1 (a 2-process TRL
+loop on the 2 cores eval measured on: results/bench_trl_2proc.md). Prompts are not compared:
+serving.json measured the run's eval prompts, the loop samples its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+from draftkit.core import hardware
+
+KEYS = ("device", "model", "tensor_parallel_size", "dtype", "cpu_cores_per_worker")
+
+
+def cores_in_mask(mask: str | None, local_rank: int = 0) -> int | None:
+    """The cores VLLM_CPU_OMP_THREADS_BIND gives worker `local_rank` ('0-1', '0|1', '0,2-3'),
+    None where it is no mask (unset, auto, all, nobind)."""
+    if not mask or mask in ("auto", "nobind", "all"):
+        return None
+    lists = mask.split("|")
+    part = lists[min(local_rank, len(lists) - 1)]
+    n = 0
+    for piece in part.split(","):
+        a, _, b = piece.partition("-")
+        n += int(b or a) - int(a) + 1
+    return n
+
+
+def engine(tp: int, workers_on_node: int, dtype: str, bind: str | None = None,
+           local_rank: int = 0, hw: hardware.Hardware | None = None) -> dict:
+    """The conditions of an engine of TP `tp` computing in `dtype`, one of `workers_on_node`
+    vLLM workers on this node, threads bound by mask `bind` (None: vLLM's own binding)."""
+    hw = hw or hardware.detect()
+    out = {"device": hw.device, "tensor_parallel_size": int(tp), "dtype": dtype}
+    if hw.device == "cuda":
+        return {**out, "model": hw.cuda_name}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
+    per = cores_in_mask(bind, local_rank) or max(1, cores // max(1, workers_on_node))
+    return {**out, "model": hw.cpu_model, "cpu_cores_per_worker": per}
+
+
+def differences(measured: dict | None, here: dict) -> list[str]:
+    """How `here` differs from the `measured` conditions, one phrase each ('cpu_cores_per_worker:
+    measured 2, here 1'); every key where nothing was recorded (serving.json from before)."""
+    if not measured:
+        return ["no engine conditions recorded (serving.json from an older draftkit)"]
+    return [f"{k}: measured {measured.get(k)}, here {here.get(k)}" for k in KEYS
+            if measured.get(k) != here.get(k)]
