@@ -283,6 +283,23 @@ def test_export_gets_serving_json_and_a_readme_section_that_use_the_pick(tmp_pat
     assert again == text and again.count(serving_file.BEGIN) == 1
 
 
+def test_the_choice_records_the_engine_conditions_it_was_measured_under(tmp_path):
+    """serving.json's measured.engine: what an RL loop's method="auto" compares its own engine
+    with (serving/conditions.py); engine.cpu_threads_bind as a mask sets the cores per worker."""
+    from draftkit.core import hardware
+    from draftkit.serving import conditions
+
+    out = fake_export(tmp_path)
+    _, c = saved(tmp_path, out)
+    got = c["measured"]["engine"]
+    assert got == conditions.engine(1, 1, "float32")
+    assert set(got) <= set(conditions.KEYS) and got["tensor_parallel_size"] == 1
+    if hardware.detect().device == "cpu":
+        cfg = config.RunConfig(name="r")
+        cfg.engine.cpu_threads_bind = "0"
+        assert choice.measured_engine(cfg, "float32")["cpu_cores_per_worker"] == 1
+
+
 def test_reexport_keeps_the_pick_and_other_weights_drop_it(tmp_path, capsys):
     out = fake_export(tmp_path)
     run, _ = saved(tmp_path, out)

@@ -34,7 +34,11 @@ def test_import_refuses_another_trl_version_and_names_the_fix(tmp_path):
 
 def _export_with_serving(tmp_path):
     """A run dir whose export serves eagle3 k=3 and whose serving.json picked the draft (k 2) at
-    batch 1-7 and no speculation from batch 8, measured at T 0 and 1."""
+    batch 1-7 and no speculation from batch 8, measured at T 0 and 1 by one engine on this
+    machine (its conditions: serving/conditions.py)."""
+    from draftkit.core import hardware
+    from draftkit.serving import conditions
+
     export = tmp_path / "run" / "export"
     export.mkdir(parents=True)
     (export / "config.json").write_text("{}")
@@ -42,7 +46,8 @@ def _export_with_serving(tmp_path):
     (export / "speculative_config.json").write_text(json.dumps(own))
     t = {"0.0": {"speedup": 1.1}, "1.0": {"speedup": 1.05}}
     (export / "serving.json").write_text(json.dumps({
-        "schedule": None, "measured": {"temperatures": [0.0, 1.0]}, "ranges": [
+        "schedule": None, "measured": {"temperatures": [0.0, 1.0], "engine": conditions.engine(
+            1, 1, hardware.resolve("auto"))}, "ranges": [
             {"batch_from": 1, "batch_to": 7, "method": "eagle3", "k": 2, "by_temperature": t,
              "speculative_config": {**own, "num_speculative_tokens": 2}},
             {"batch_from": 8, "batch_to": None, "method": "none", "k": None,
@@ -102,6 +107,62 @@ def test_auto_with_an_explicit_k_serves_the_pick_at_that_k(tmp_path):
     assert small.speculative["method"] == "eagle3" and small.serves_draft
     assert small.speculative["num_speculative_tokens"] == 1
     assert "num_speculative_tokens_per_batch_size" not in small.speculative
+
+def test_auto_serves_no_speculation_where_serving_json_measured_other_conditions(
+        tmp_path, monkeypatch):
+    """method="auto": serving.json measured its pick with one engine on this node; a loop of 2
+    trainer processes (TRL's external launcher, LOCAL_WORLD_SIZE=2) gives each worker half the
+    cores, a TP 2 engine or a serving.json with no conditions (an older draftkit) differ, and
+    auto serves no speculation with an event naming the difference and the eval that measures
+    under the loop's conditions. The loop's own conditions: the pick."""
+    from draftkit.rl.in_loop import DraftkitConfig, SpeculativeRollouts
+    from draftkit.serving import conditions
+
+    run, export = _export_with_serving(tmp_path)
+    trl_kwargs = {"distributed_executor_backend": "external_launcher",
+                  "tensor_parallel_size": 1}
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    same = SpeculativeRollouts(DraftkitConfig(run=str(run), method="auto"))
+    same.choose(4, trl_kwargs)
+    assert same.speculative["method"] == "eagle3" and same.serves_draft
+    assert "why" not in same.events[-1]
+    here = conditions.engine(1, 1, "float32")
+    cases = [({"LOCAL_WORLD_SIZE": "2"}, trl_kwargs, "cpu_cores_per_worker: measured "),
+             ({}, {"tensor_parallel_size": 2}, "tensor_parallel_size: measured 1, here 2")]
+    if here["cpu_cores_per_worker"] < 2:  # one core: 2 workers cannot halve it
+        cases = cases[1:]
+    for env, kwargs, want in cases:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        loop = SpeculativeRollouts(DraftkitConfig(run=str(run), method="auto"))
+        loop.choose(4, kwargs)
+        assert loop.speculative is None and not loop.serves_draft
+        event = loop.events[-1]
+        assert event["served"] == "none" and want in event["why"]
+        assert "`draftkit eval RUN engine.tensor_parallel_size=" in event["why"]
+    serving = json.loads((export / "serving.json").read_text())
+    del serving["measured"]["engine"]
+    (export / "serving.json").write_text(json.dumps(serving))
+    old = SpeculativeRollouts(DraftkitConfig(run=str(run), method="auto"))
+    old.choose(4)
+    assert old.speculative is None and "older draftkit" in old.events[-1]["why"]
+
+
+def test_engine_conditions_count_the_cores_of_a_mask_and_name_the_fix():
+    from draftkit.serving import conditions
+
+    assert [conditions.cores_in_mask(m) for m in ("0", "0-1", "0,2-3", "auto", None)] == \
+        [1, 2, 3, None, None]
+    assert conditions.cores_in_mask("0|1-3", local_rank=1) == 3
+    one = conditions.engine(1, 1, "float32", bind="0")
+    assert one["cpu_cores_per_worker"] == 1 or one["device"] == "cuda"
+    assert conditions.differences(one, dict(one)) == []
+    assert conditions.differences({**one, "dtype": "bfloat16"}, one) == [
+        "dtype: measured bfloat16, here float32"]
+    if one["device"] == "cpu":
+        assert "engine.cpu_threads_bind=0`" in conditions.fix(one)
+        assert "engine.cpu_threads_bind=0-2`" in conditions.fix({**one, "cpu_cores_per_worker": 3})
+
 
 # ------------------------------------------------------------------ taps from TRL's loss forward
 

@@ -45,7 +45,7 @@ from draftkit.rl import engines
 from draftkit.rl.capture import Taps
 from draftkit.rl.publish import DraftStore
 from draftkit.rl.refresher import DraftRefresher
-from draftkit.serving import drafter_swap, policy_sync, speculative, vllm_engine
+from draftkit.serving import conditions, drafter_swap, policy_sync, speculative, vllm_engine
 from draftkit.serving.counters import SpecCounters
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class SpeculativeRollouts:
         """A vLLM `LLM` with the loop's own keywords (a trainer's: TP, external launcher, ...),
         plus the draft's speculative config and what draftkit's checks need."""
         if self.draft_dir is not None and max_num_seqs:
-            self.choose(max_num_seqs)
+            self.choose(max_num_seqs, loop_kwargs)
         spec = vllm_engine.EngineSpec(
             model=model, speculative_config=self.speculative, dtype=self.cfg.dtype, seed=seed,
             max_model_len=max_model_len or vllm_engine.EngineSpec.max_model_len,
@@ -158,14 +158,15 @@ class SpeculativeRollouts:
             # of its own worker process); with an external launcher that is this process
             torch.set_num_threads = set_threads
 
-    def choose(self, batch: int) -> None:
+    def choose(self, batch: int, engine_kwargs: dict | None = None) -> None:
         """The speculative config for the loop's generation `batch` and `temperature`, from the
         export's serving.json (speculative.served). method="draft": the draft as asked, with
         advice when serving.json picked another method there; "auto": serving.json's pick (not
         the draft: the draft is not served, nothing refreshes in the loop), at DraftkitConfig's
-        k where it gives one. Chosen once: vLLM fixes the engine's speculative method at start,
-        so a later, faster refreshed draft is picked by the next engine, not this one
-        (docs/integration.md)."""
+        k where it gives one, where serving.json measured under this engine's conditions
+        (`engine_kwargs`: the loop's LLM keywords; serving/conditions.py), else no speculation.
+        Chosen once: vLLM fixes the engine's speculative method at start, so a later, faster
+        refreshed draft is picked by the next engine, not this one (docs/integration.md)."""
         pick = speculative.served(self.draft_dir, batch=batch, temperature=self.temperature)
         own = speculative.served(self.draft_dir).method
         event = {"event": "served", "batch": batch, "temperature": self.temperature,
@@ -173,8 +174,12 @@ class SpeculativeRollouts:
         if self.cfg.method == "auto" and pick.source == "range":
             # an explicit k holds for whichever method serving.json picked (no per-batch k)
             self.speculative = speculative.with_k(pick.config, self.cfg.k)
-            self.serves_draft = pick.method == own
-            event["served"] = pick.method
+            if self.speculative is not None and (why := conditions.unvouched(
+                    self.draft_dir, engine_kwargs or {}, self.cfg.dtype)):
+                log.warning("draftkit: %s", why)
+                event["why"], self.speculative = why, None
+            self.serves_draft = self.speculative is not None and pick.method == own
+            event["served"] = pick.method if self.speculative is not None else "none"
         elif advice := serving_advice(pick, own, batch):
             log.warning("draftkit: %s", advice)
             event["advice"] = advice

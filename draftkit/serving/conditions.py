@@ -20,8 +20,10 @@ serving.json measured the run's eval prompts, the loop samples its own.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from draftkit.core import hardware
+from draftkit.core import artifacts, hardware
+from draftkit.serving.speculative import SERVING_FILE
 
 KEYS = ("device", "model", "tensor_parallel_size", "dtype", "cpu_cores_per_worker")
 
@@ -61,3 +63,41 @@ def differences(measured: dict | None, here: dict) -> list[str]:
         return ["no engine conditions recorded (serving.json from an older draftkit)"]
     return [f"{k}: measured {measured.get(k)}, here {here.get(k)}" for k in KEYS
             if measured.get(k) != here.get(k)]
+
+
+def fix(here: dict) -> str:
+    """The `draftkit eval` that measures under the conditions `here`: on this machine, at its TP
+    and dtype, each worker bound to as many cores as here."""
+    keys = [f"engine.tensor_parallel_size={here['tensor_parallel_size']}",
+            f"eval.dtype={here['dtype']}"]
+    if here.get("cpu_cores_per_worker"):
+        n = here["cpu_cores_per_worker"]
+        keys.append(f"engine.cpu_threads_bind={'0' if n == 1 else f'0-{n - 1}'}")
+    return f"`draftkit eval RUN {' '.join(keys)}` on a {here['device']} {here['model']}"
+
+
+def of_loop(engine_kwargs: dict, dtype: str) -> dict:
+    """The conditions of an RL loop's engine started with LLM keywords `engine_kwargs` (its TP;
+    with TRL's external launcher each trainer process is a worker: LOCAL_WORLD_SIZE of them on
+    this node) computing in `dtype` (a config value: auto resolves here)."""
+    tp = int(engine_kwargs.get("tensor_parallel_size") or 1)
+    external = engine_kwargs.get("distributed_executor_backend") == "external_launcher"
+    return engine(tp, int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if external else tp,
+                  hardware.resolve(dtype, key="DraftkitConfig.dtype"),
+                  os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+                  int(os.environ.get("LOCAL_RANK", "0")) if external else 0)
+
+
+def unvouched(export_dir: str | Path, engine_kwargs: dict, dtype: str) -> str | None:
+    """Why the speed figures of `export_dir`'s serving.json do not hold for a loop's engine
+    (of_loop), naming each difference and the fix; None where they hold."""
+    serving = artifacts.read_json(Path(export_dir) / SERVING_FILE)
+    here = of_loop(engine_kwargs, dtype)
+    diffs = differences((serving.get("measured") or {}).get("engine"), here)
+    if not diffs:
+        return None
+    return (f"serving.json's pick was measured under other engine conditions than this loop's "
+            f"({'; '.join(diffs)}), so its speedup does not carry over: "
+            "DraftkitConfig(method='auto') serves no speculation. Measure under the loop's "
+            f"conditions ({fix(here)}) and export again, or name a method "
+            "(DraftkitConfig(method='draft'|'ngram'|'suffix'))")
