@@ -199,7 +199,9 @@ class TrainConfig:
     # the divergence every kind learns the target's distribution p by (drafts/divergence.py;
     # refresh fine-tunes with it too): kl = forward KL(p || q), as EAGLE-3; tv = total
     # variation 1/2 sum|p - q| = 1 - sum min(p, q), one minus the expected acceptance of a
-    # draft token at T=1 with probabilistic drafting; mix = (1 - loss_mix) * kl + loss_mix * tv
+    # draft token at T=1 with probabilistic drafting; mix = (1 - loss_mix) * kl + loss_mix * tv.
+    # kl here; the EAGLE-3 and P-EAGLE templates (configs/eagle3.yaml, peagle.yaml) set mix, the
+    # best at T=1 in results/bench_sampling_ab.md; the other kinds were not measured with it
     loss: str = "kl"
     loss_mix: float = 0.5  # train.loss=mix only: the weight of tv, in [0, 1]
     # draft-lm only: loss = (1 - ce_weight) * train.loss's divergence over the full vocab
