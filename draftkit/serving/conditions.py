@@ -9,8 +9,8 @@ is compared against before `method="auto"` serves a speculative pick (rl/in_loop
     cpu_cores_per_worker   CPU only: the cores each vLLM worker is given, from
                            VLLM_CPU_OMP_THREADS_BIND where it is a mask, else this process's
                            cores shared by the node's workers (eval: one engine; a colocated
-                           RL loop: one worker per trainer process, LOCAL_WORLD_SIZE); vLLM's
-                           own binding then keeps one of them for its frontend, alike on both
+                           RL loop: one worker per trainer process, LOCAL_WORLD_SIZE), a
+                           count of what the node gives, not of the threads vLLM then binds
 
 On a CPU a speculative method pays only where the target's verify pass has compute to spare,
 so a pick measured with 2 cores per worker does not vouch for a worker on 1 (a 2-process TRL
