@@ -85,10 +85,15 @@ def record(what: str, choice, figures: dict, hw: hardware.Hardware | None = None
     artifacts.write_json_atomic(artifacts.home() / CACHE, cache)
 
 
+def usable_cores() -> list[int]:
+    """The cores this process may run on, in order."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+        range(os.cpu_count() or 1))
+
+
 def all_cores_mask() -> str:
     """VLLM_CPU_OMP_THREADS_BIND binding every core this process may run on, e.g. '0-1'."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
-        range(os.cpu_count() or 1))
+    cores = usable_cores()
     runs, start = [], cores[0]
     for a, b in zip(cores, [*cores[1:], None], strict=True):
         if b != a + 1:

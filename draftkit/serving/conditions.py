@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from draftkit.core import artifacts, hardware
+from draftkit.core import artifacts, engine_settings, hardware
 from draftkit.serving.speculative import SERVING_FILE
 
 KEYS = ("device", "model", "tensor_parallel_size", "dtype", "cpu_cores_per_worker")
@@ -34,13 +34,10 @@ def cores_in_mask(mask: str | None, local_rank: int = 0) -> int | None:
     None where it is no mask (unset, auto, all, nobind)."""
     if not mask or mask in ("auto", "nobind", "all"):
         return None
+    from vllm.utils.cpu_resource_utils import parse_id_list  # the mask's own parser
+
     lists = mask.split("|")
-    part = lists[min(local_rank, len(lists) - 1)]
-    n = 0
-    for piece in part.split(","):
-        a, _, b = piece.partition("-")
-        n += int(b or a) - int(a) + 1
-    return n
+    return len(parse_id_list(lists[min(local_rank, len(lists) - 1)]))
 
 
 def engine(tp: int, workers_on_node: int, dtype: str, bind: str | None = None,
@@ -51,9 +48,8 @@ def engine(tp: int, workers_on_node: int, dtype: str, bind: str | None = None,
     out = {"device": hw.device, "tensor_parallel_size": int(tp), "dtype": dtype}
     if hw.device == "cuda":
         return {**out, "model": hw.cuda_name}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        os.cpu_count() or 1
-    per = cores_in_mask(bind, local_rank) or max(1, cores // max(1, workers_on_node))
+    per = cores_in_mask(bind, local_rank) or max(
+        1, len(engine_settings.usable_cores()) // max(1, workers_on_node))
     return {**out, "model": hw.cpu_model, "cpu_cores_per_worker": per}
 
 
